@@ -1,0 +1,132 @@
+"""Talking to the suite from the command line: gRPC for operators, NATS for the terminal connector."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import grpc
+from parley.v1 import common_pb2, runtime_pb2, runtime_pb2_grpc
+from parley_platform.bus import Bus
+from parley_platform.errors import DeadlineExceeded, FailedPrecondition, NotFound, Unauthenticated
+from parley_platform.grpcserver import error_from_rpc_error
+
+from . import config
+
+TERMINAL_SOURCE = "terminal"
+
+
+@asynccontextmanager
+async def runtime_stub() -> AsyncIterator[tuple[runtime_pb2_grpc.RuntimeStub, list[tuple[str, str]]]]:
+    token = config.operator_token()
+    if token is None:
+        raise Unauthenticated(
+            "no operator token: set PARLEY_OPERATOR_TOKEN",
+            hint="`parley run` writes one to .parley/operator-token",
+        )
+    async with grpc.aio.insecure_channel(config.grpc_address("runtime")) as channel:
+        yield runtime_pb2_grpc.RuntimeStub(channel), [("authorization", f"Bearer {token}")]
+
+
+async def call(method: Any, request: Any, metadata: list[tuple[str, str]], timeout: float = 10.0) -> Any:
+    try:
+        return await method(request, metadata=metadata, timeout=timeout)
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            raise FailedPrecondition(
+                f"the runtime is not reachable at {config.grpc_address('runtime')}",
+                code="RUNTIME_UNREACHABLE",
+                hint="start the suite with `make run` (or set PARLEY_RUNTIME_ADDR)",
+            ) from exc
+        raise error_from_rpc_error(exc) from exc
+
+
+async def list_agents() -> list[runtime_pb2.Agent]:
+    async with runtime_stub() as (stub, metadata):
+        agents: list[runtime_pb2.Agent] = []
+        offset = 0
+        while True:
+            page = await call(
+                stub.ListAgents,
+                runtime_pb2.ListAgentsRequest(page=common_pb2.PageRequest(limit=100, offset=offset)),
+                metadata,
+            )
+            agents.extend(page.agents)
+            if not page.page.has_more:
+                return agents
+            offset = page.page.next_offset
+
+
+async def resolve_agent(ref: str) -> runtime_pb2.Agent:
+    for agent in await list_agents():
+        if ref in (agent.id, agent.name):
+            return agent
+    raise NotFound(f"no agent named {ref!r}", code="AGENT_NOT_FOUND", hint="list them with `parley agents`")
+
+
+class TerminalConnector:
+    """A connector like any other: publishes inbound messages, receives outbound ones."""
+
+    def __init__(self, bus: Bus, agent_id: str, user: str) -> None:
+        self.bus = bus
+        self.agent_id = agent_id
+        self.user = user
+        self.replies: asyncio.Queue[runtime_pb2.OutboundMessage] = asyncio.Queue()
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, agent_id: str, user: str) -> AsyncIterator[TerminalConnector]:
+        url = config.nats_url()
+        if url is None:
+            raise FailedPrecondition(
+                "NATS is not configured",
+                code="NATS_UNKNOWN",
+                hint="start the suite with `make run`, or set PARLEY_NATS_URL",
+            )
+        bus = await Bus.connect(url, name="parley-cli", namespace=config.namespace(), connect_timeout=3)
+        connector = cls(bus, agent_id, user)
+        try:
+            await bus.subscribe(bus.subjects.outbound(agent_id, TERMINAL_SOURCE), connector._on_reply)
+            yield connector
+        finally:
+            await bus.close()
+
+    async def _on_reply(self, msg: Any) -> None:
+        self.replies.put_nowait(runtime_pb2.OutboundMessage.FromString(msg.data))
+
+    async def send(self, text: str) -> str:
+        message_id = uuid.uuid4().hex
+        inbound = runtime_pb2.InboundMessage(
+            agent_id=self.agent_id,
+            source=TERMINAL_SOURCE,
+            message_id=message_id,
+            sender_id=self.user,
+            sender_name=self.user,
+            channel_id=f"terminal:{self.user}",
+            room_type=runtime_pb2.ROOM_TYPE_DM,
+            text=text,
+        )
+        inbound.sent_at.GetCurrentTime()
+        await self.bus.publish(
+            self.bus.subjects.inbound(self.agent_id),
+            inbound.SerializeToString(),
+            msg_id=f"{TERMINAL_SOURCE}:{message_id}",
+        )
+        return message_id
+
+    async def reply_to(self, message_id: str, timeout: float) -> runtime_pb2.OutboundMessage:
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    reply = await self.replies.get()
+                    if reply.in_reply_to == message_id:
+                        return reply
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"no reply within {timeout:g}s",
+                code="REPLY_TIMEOUT",
+                hint="is the suite running (`make run`)? see .parley/logs/",
+            ) from None

@@ -1,0 +1,364 @@
+"""NATS and JetStream behind one adapter: connection, subjects, streams, publish.
+
+No ``nats.errors`` escapes this module or its siblings (``consumer``, ``rpc``):
+they are translated into ``parley_platform.errors``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+
+from .errors import DeadlineExceeded, Internal, ParleyError, Unavailable
+from .logging import get_logger
+
+log = get_logger(__name__)
+
+MSG_ID = "Nats-Msg-Id"
+
+
+class Subjects:
+    """Every subject and stream name, derived from one namespace.
+
+    The namespace is ``parley`` in production; each test session picks its own
+    so that runs sharing a NATS server never see each other's messages.
+    """
+
+    def __init__(self, namespace: str = "parley") -> None:
+        self.ns = namespace
+
+    def stream(self, name: str) -> str:
+        return f"{self.ns.upper()}_{name}"
+
+    def inbound(self, agent_id: str) -> str:
+        return f"{self.ns}.inbound.{agent_id}"
+
+    def outbound(self, agent_id: str, source: str) -> str:
+        return f"{self.ns}.outbound.{agent_id}.{source}"
+
+    def events(self, agent_id: str, event_type: str) -> str:
+        return f"{self.ns}.events.{agent_id}.{event_type}"
+
+    def dead(self, stream: str) -> str:
+        return f"{self.ns}.dead.{stream}"
+
+    def rpc(self, service: str, method: str) -> str:
+        return f"{self.ns}.{service}.{method}"
+
+    def all(self, kind: str) -> str:
+        return f"{self.ns}.{kind}.>"
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """The stream configuration we want; ``ensure_stream`` makes the server agree."""
+
+    name: str
+    subjects: list[str]
+    max_age_seconds: float = 0
+    duplicate_window_seconds: float = 120
+    max_msg_size: int = 1024 * 1024 * 2
+    retention: RetentionPolicy = RetentionPolicy.LIMITS
+    replicas: int = 1
+    max_bytes: int = -1
+
+    def config(self) -> StreamConfig:
+        return StreamConfig(
+            name=self.name,
+            subjects=self.subjects,
+            retention=self.retention,
+            storage=StorageType.FILE,
+            max_age=self.max_age_seconds,
+            duplicate_window=self.duplicate_window_seconds,
+            max_msg_size=self.max_msg_size,
+            num_replicas=self.replicas,
+            max_bytes=self.max_bytes,
+            discard=DiscardPolicy.OLD,
+        )
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    """A durable pull consumer shared by every replica of a service."""
+
+    stream: str
+    durable: str
+    filter_subject: str
+    ack_wait_seconds: float = 30
+    max_deliver: int = 5
+    max_ack_pending: int = 1000
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def config(self) -> ConsumerConfig:
+        return ConsumerConfig(
+            durable_name=self.durable,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait_seconds,
+            max_deliver=self.max_deliver,
+            filter_subject=self.filter_subject,
+            max_ack_pending=self.max_ack_pending,
+            **self.extra,
+        )
+
+
+def standard_streams(subjects: Subjects, *, replicas: int = 1) -> list[StreamSpec]:
+    """The suite's event streams (see DESIGN.md)."""
+    day = 24 * 3600.0
+    return [
+        StreamSpec(
+            subjects.stream("INBOUND"),
+            [subjects.all("inbound")],
+            max_age_seconds=7 * day,
+            duplicate_window_seconds=600,
+            replicas=replicas,
+        ),
+        StreamSpec(
+            subjects.stream("OUTBOUND"),
+            [subjects.all("outbound")],
+            max_age_seconds=7 * day,
+            duplicate_window_seconds=600,
+            replicas=replicas,
+        ),
+        StreamSpec(
+            subjects.stream("EVENTS"),
+            [subjects.all("events")],
+            max_age_seconds=day,
+            duplicate_window_seconds=120,
+            replicas=replicas,
+        ),
+        StreamSpec(
+            subjects.stream("DEAD"),
+            [subjects.all("dead")],
+            max_age_seconds=30 * day,
+            duplicate_window_seconds=600,
+            replicas=replicas,
+        ),
+    ]
+
+
+_STREAM_FIELDS = (
+    "subjects",
+    "retention",
+    "storage",
+    "max_age",
+    "duplicate_window",
+    "max_msg_size",
+    "num_replicas",
+    "max_bytes",
+    "discard",
+)
+_CONSUMER_FIELDS = (
+    "ack_policy",
+    "ack_wait",
+    "max_deliver",
+    "filter_subject",
+    "max_ack_pending",
+    "deliver_policy",
+)
+
+
+def _differences(live: Any, wanted: Any, names: tuple[str, ...]) -> list[str]:
+    return [n for n in names if getattr(wanted, n) is not None and getattr(live, n) != getattr(wanted, n)]
+
+
+class Bus:
+    """A connected NATS client with its JetStream context."""
+
+    def __init__(self, nc: Client, subjects: Subjects) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.subjects = subjects
+        self._mark_closing: Callable[[], None] = lambda: None
+
+    @classmethod
+    async def connect(
+        cls, url: str, *, name: str, namespace: str = "parley", connect_timeout: float = 5.0
+    ) -> Bus:
+        closing = False
+
+        async def on_disconnect() -> None:
+            if not closing:
+                log.warning("nats disconnected", service=name)
+
+        async def on_reconnect() -> None:
+            log.info("nats reconnected", service=name)
+
+        async def on_closed() -> None:
+            if not closing:
+                log.info("nats connection closed", service=name)
+
+        async def on_error(exc: Exception) -> None:
+            log.warning("nats error", service=name, error=str(exc))
+
+        try:
+            nc = await nats.connect(
+                url,
+                name=name,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                connect_timeout=connect_timeout,
+                allow_reconnect=True,
+                disconnected_cb=on_disconnect,
+                reconnected_cb=on_reconnect,
+                closed_cb=on_closed,
+                error_cb=on_error,
+            )
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            raise Unavailable(
+                f"cannot connect to NATS at {_redact_url(url)}: {type(exc).__name__}",
+                code="NATS_UNAVAILABLE",
+                hint="start it with `parley infra up` or set PARLEY_NATS_URL",
+            ) from exc
+        log.debug("nats connected", service=name)
+        bus = cls(nc, Subjects(namespace))
+
+        def mark_closing() -> None:
+            nonlocal closing
+            closing = True
+
+        bus._mark_closing = mark_closing
+        return bus
+
+    async def ensure_stream(self, spec: StreamSpec) -> str:
+        """Create the stream, or update it when the live config differs. Returns what was done."""
+        wanted = spec.config()
+        try:
+            info = await self.js.stream_info(spec.name)
+        except nats.js.errors.NotFoundError:
+            try:
+                await self.js.add_stream(wanted)
+            except nats.js.errors.BadRequestError as exc:
+                if "already in use" not in str(exc):
+                    raise _translate(exc, f"create stream {spec.name}") from exc
+                return "exists"
+            return "created"
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise _translate(exc, f"stream info {spec.name}") from exc
+        changed = _differences(info.config, wanted, _STREAM_FIELDS)
+        if not changed:
+            return "unchanged"
+        try:
+            await self.js.update_stream(wanted)
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise _translate(exc, f"update stream {spec.name} ({', '.join(changed)})") from exc
+        log.info("stream updated", stream=spec.name, fields=",".join(changed))
+        return "updated"
+
+    async def ensure_consumer(self, spec: ConsumerSpec) -> str:
+        wanted = spec.config()
+        try:
+            info = await self.js.consumer_info(spec.stream, spec.durable)
+        except nats.js.errors.NotFoundError:
+            info = None
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise _translate(exc, f"consumer info {spec.durable}") from exc
+        if info is not None and not _differences(info.config, wanted, _CONSUMER_FIELDS):
+            return "unchanged"
+        try:
+            # Creating with the same durable name updates it when the server allows the change.
+            await self.js.add_consumer(spec.stream, wanted)
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise _translate(exc, f"ensure consumer {spec.durable}") from exc
+        return "created" if info is None else "updated"
+
+    async def ensure_standard_streams(self, *, replicas: int = 1) -> None:
+        for spec in standard_streams(self.subjects, replicas=replicas):
+            await self.ensure_stream(spec)
+
+    async def publish(
+        self,
+        subject: str,
+        payload: bytes,
+        *,
+        msg_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 5.0,
+    ) -> bool:
+        """Publish to JetStream and wait for the ack; returns False when it was a duplicate."""
+        all_headers = dict(headers or {})
+        if msg_id:
+            all_headers[MSG_ID] = msg_id
+        try:
+            ack = await self.js.publish(subject, payload, timeout=timeout, headers=all_headers or None)
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise _translate(exc, f"publish {subject}") from exc
+        return not ack.duplicate
+
+    async def publish_core(self, subject: str, payload: bytes) -> None:
+        try:
+            await self.nc.publish(subject, payload)
+        except nats.errors.Error as exc:
+            raise _translate(exc, f"publish {subject}") from exc
+
+    async def subscribe(
+        self, subject: str, handler: Callable[[Any], Awaitable[None]], queue: str = ""
+    ) -> Any:
+        try:
+            return await self.nc.subscribe(subject, queue=queue, cb=handler)
+        except nats.errors.Error as exc:
+            raise _translate(exc, f"subscribe {subject}") from exc
+
+    async def close(self, timeout: float = 5.0) -> None:
+        if self.nc.is_closed:
+            return
+        self._mark_closing()
+        try:
+            await asyncio.wait_for(self.nc.drain(), timeout)
+        except (TimeoutError, nats.errors.Error):
+            await self.nc.close()
+
+
+def _redact_url(url: str) -> str:
+    if "@" in url:
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
+
+
+def _translate(exc: BaseException, what: str) -> ParleyError:
+    if isinstance(exc, nats.errors.NoRespondersError):
+        return Unavailable(
+            f"{what}: no responders",
+            code="NO_RESPONDERS",
+            hint="is the service that serves this subject running?",
+        )
+    if isinstance(exc, (asyncio.TimeoutError, nats.errors.TimeoutError)):
+        return DeadlineExceeded(f"{what}: timed out", code="NATS_TIMEOUT")
+    if isinstance(
+        exc,
+        (
+            nats.errors.ConnectionClosedError,
+            nats.errors.ConnectionDrainingError,
+            nats.errors.ConnectionReconnectingError,
+            nats.errors.NoServersError,
+        ),
+    ):
+        return Unavailable(f"{what}: connection unavailable", code="NATS_UNAVAILABLE")
+    if isinstance(exc, nats.js.errors.ServiceUnavailableError):
+        return Unavailable(
+            f"{what}: JetStream unavailable",
+            code="JETSTREAM_UNAVAILABLE",
+            hint="is the server started with -js?",
+        )
+    return Internal(f"{what}: {type(exc).__name__}: {exc}", code="NATS_ERROR")
+
+
+translate_nats_error = _translate

@@ -1,0 +1,230 @@
+"""The pull-consumer loop: explicit ack, backoff, max_deliver, dead letters.
+
+A handler returns normally → ack. It raises ``Poison`` → the message goes to
+the dead-letter stream with the reason and is terminated. Anything else → it
+is nak'ed with a delay growing with its delivery count, and on the last
+allowed delivery it is dead-lettered instead. Cancellation never acks: the
+message is redelivered after ``ack_wait``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import nats.errors
+from nats.aio.msg import Msg
+
+from .bus import MSG_ID, Bus, ConsumerSpec, translate_nats_error
+from .errors import ParleyError
+from .logging import get_logger
+from .metrics import MessagingMetrics
+
+log = get_logger(__name__)
+
+DEAD_REASON = "Parley-Dead-Reason"
+DEAD_STREAM = "Parley-Dead-Stream"
+DEAD_SUBJECT = "Parley-Dead-Subject"
+DEAD_SEQUENCE = "Parley-Dead-Sequence"
+DEAD_DELIVERIES = "Parley-Dead-Deliveries"
+
+
+class Poison(Exception):
+    """The message can never be handled: dead-letter it with this reason."""
+
+    def __init__(self, reason: str, *, label: str = "invalid") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.label = label
+
+
+@dataclass
+class Delivery:
+    """One message as a handler sees it."""
+
+    msg: Msg
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+    num_delivered: int
+    stream_sequence: int
+    msg_id: str
+
+    async def in_progress(self) -> None:
+        """Tell the server the work goes on, resetting its ack timer."""
+        with contextlib.suppress(nats.errors.Error):
+            await self.msg.in_progress()
+
+
+Handler = Callable[[Delivery], Awaitable[None]]
+
+
+def backoff_delay(num_delivered: int, base: float = 0.5, cap: float = 30.0) -> float:
+    return float(min(cap, base * 2 ** max(0, num_delivered - 1)))
+
+
+class PullConsumer:
+    def __init__(
+        self,
+        bus: Bus,
+        spec: ConsumerSpec,
+        handler: Handler,
+        *,
+        concurrency: int = 64,
+        batch: int = 64,
+        metrics: MessagingMetrics | None = None,
+        backoff_base: float = 0.5,
+        backoff_cap: float = 30.0,
+        fetch_timeout: float = 1.0,
+    ) -> None:
+        self.bus = bus
+        self.spec = spec
+        self.handler = handler
+        self.concurrency = concurrency
+        self.batch = batch
+        self.metrics = metrics
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self.fetch_timeout = fetch_timeout
+        self._slots = asyncio.Semaphore(concurrency)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self._label = spec.stream
+
+    async def start(self) -> None:
+        await self.bus.ensure_consumer(self.spec)
+        try:
+            self._sub = await self.bus.js.pull_subscribe_bind(self.spec.durable, self.spec.stream)
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise translate_nats_error(exc, f"bind consumer {self.spec.durable}") from exc
+        self._loop_task = asyncio.create_task(self._loop(), name=f"consume:{self.spec.durable}")
+
+    async def _loop(self) -> None:
+        while not self._stopping.is_set():
+            free = self.concurrency - len(self._tasks)
+            if free <= 0:
+                await self._slots.acquire()
+                self._slots.release()
+                continue
+            try:
+                msgs = await self._sub.fetch(min(self.batch, free), timeout=self.fetch_timeout)
+            except (TimeoutError, nats.errors.TimeoutError):
+                continue
+            except nats.errors.Error as exc:
+                if self._stopping.is_set():
+                    return
+                log.warning("fetch failed", consumer=self.spec.durable, error=str(exc))
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                await self._slots.acquire()
+                task = asyncio.create_task(self._handle(msg))
+                self._tasks.add(task)
+                task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+
+    async def _handle(self, msg: Msg) -> None:
+        meta = msg.metadata
+        delivery = Delivery(
+            msg=msg,
+            subject=msg.subject,
+            data=msg.data,
+            headers=dict(msg.headers or {}),
+            num_delivered=meta.num_delivered,
+            stream_sequence=meta.sequence.stream,
+            msg_id=(msg.headers or {}).get(MSG_ID, ""),
+        )
+        started = time.perf_counter()
+        outcome = "ack"
+        if self.metrics:
+            self.metrics.received.labels(self._label).inc()
+            self.metrics.inflight.labels(self._label).inc()
+        try:
+            await self.handler(delivery)
+            await msg.ack()
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        except Poison as poison:
+            outcome = "dead"
+            await self.dead_letter(delivery, poison.reason, poison.label)
+        except Exception as exc:
+            reason = str(exc) if isinstance(exc, ParleyError) else f"{type(exc).__name__}: {exc}"
+            if delivery.num_delivered >= self.spec.max_deliver:
+                outcome = "dead"
+                await self.dead_letter(
+                    delivery, f"max_deliver ({self.spec.max_deliver}) reached: {reason}", "max_deliver"
+                )
+            else:
+                outcome = "nak"
+                delay = backoff_delay(delivery.num_delivered, self.backoff_base, self.backoff_cap)
+                if isinstance(exc, ParleyError):
+                    log.warning(
+                        "handler failed, will retry",
+                        subject=delivery.subject,
+                        error=reason,
+                        delivery=delivery.num_delivered,
+                        delay=delay,
+                    )
+                else:
+                    log.exception(
+                        "handler crashed, will retry",
+                        subject=delivery.subject,
+                        delivery=delivery.num_delivered,
+                        delay=delay,
+                    )
+                with contextlib.suppress(nats.errors.Error):
+                    await msg.nak(delay=delay)
+        finally:
+            if self.metrics:
+                self.metrics.inflight.labels(self._label).dec()
+                self.metrics.processed.labels(self._label, outcome).observe(time.perf_counter() - started)
+
+    async def dead_letter(self, delivery: Delivery, reason: str, label: str) -> None:
+        headers = {
+            DEAD_REASON: reason[:1000],
+            DEAD_STREAM: self.spec.stream,
+            DEAD_SUBJECT: delivery.subject,
+            DEAD_SEQUENCE: str(delivery.stream_sequence),
+            DEAD_DELIVERIES: str(delivery.num_delivered),
+        }
+        dead_id = delivery.msg_id or f"{self.spec.stream}:{delivery.stream_sequence}"
+        try:
+            await self.bus.publish(
+                self.bus.subjects.dead(self.spec.stream), delivery.data, msg_id=dead_id, headers=headers
+            )
+        except ParleyError as exc:
+            # Not terminated: the message stays in its stream and comes back, so nothing is lost.
+            log.error("dead-letter publish failed", subject=delivery.subject, error=str(exc))
+            with contextlib.suppress(nats.errors.Error):
+                await delivery.msg.nak(delay=self.backoff_cap)
+            return
+        log.warning("message dead-lettered", subject=delivery.subject, reason=reason[:200])
+        if self.metrics:
+            self.metrics.dead.labels(self._label, label).inc()
+        with contextlib.suppress(nats.errors.Error):
+            await delivery.msg.term()
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Stop fetching, let in-flight handlers finish for up to ``timeout``, then cancel them."""
+        self._stopping.set()
+        if self._loop_task:
+            with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._loop_task), self.fetch_timeout + 1)
+            if not self._loop_task.done():
+                self._loop_task.cancel()
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=1)
+        with contextlib.suppress(nats.errors.Error):
+            await self._sub.unsubscribe()

@@ -1,0 +1,244 @@
+"""PostgreSQL behind one adapter: the pool, named queries, migrations.
+
+No ``psycopg`` error escapes: ``Database.connection()`` translates them into
+``parley_platform.errors``. Never await the network inside an open transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import psycopg.errors
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from .errors import Conflict, FailedPrecondition, Internal, InvalidArgument, ParleyError, Unavailable
+from .logging import get_logger
+
+log = get_logger(__name__)
+
+# One lock for every service's migrations: schemas and extensions are
+# database-wide objects, so replicas of different services must not race either.
+MIGRATION_LOCK = 0x7061726C  # "parl"
+
+Row = dict[str, Any]
+
+
+def translate(exc: BaseException, what: str = "database") -> ParleyError:
+    if isinstance(exc, psycopg.errors.UniqueViolation):
+        return Conflict(f"{what}: already exists", code="ALREADY_EXISTS")
+    if isinstance(exc, psycopg.errors.SerializationFailure | psycopg.errors.DeadlockDetected):
+        return Conflict(f"{what}: concurrent update, retry", code="SERIALIZATION_FAILURE", retryable=True)
+    if isinstance(
+        exc,
+        psycopg.errors.CheckViolation
+        | psycopg.errors.NotNullViolation
+        | psycopg.errors.ForeignKeyViolation
+        | psycopg.errors.InvalidTextRepresentation
+        | psycopg.errors.DataException,
+    ):
+        diag = getattr(exc, "diag", None)
+        constraint = getattr(diag, "constraint_name", None) or ""
+        return InvalidArgument(
+            f"{what}: rejected by the database ({constraint or type(exc).__name__})",
+            code="CONSTRAINT_VIOLATION",
+        )
+    if isinstance(exc, PoolTimeout):
+        return Unavailable(f"{what}: no database connection available in time", code="DB_POOL_EXHAUSTED")
+    if isinstance(exc, psycopg.OperationalError):
+        return Unavailable(
+            f"{what}: database unavailable ({type(exc).__name__})",
+            code="DB_UNAVAILABLE",
+            hint="check PARLEY_DATABASE_URL and that PostgreSQL is running",
+        )
+    return Internal(f"{what}: {type(exc).__name__}", code="DB_ERROR")
+
+
+class Database:
+    def __init__(self, url: str, *, name: str = "parley", min_size: int = 2, max_size: int = 10) -> None:
+        self.url = url
+        self.pool = AsyncConnectionPool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            open=False,
+            kwargs={"autocommit": True, "application_name": name},
+            name=name,
+            timeout=10,
+        )
+
+    async def open(self, timeout: float = 30.0) -> None:
+        try:
+            await self.pool.open(wait=True, timeout=timeout)
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise Unavailable(
+                "cannot connect to PostgreSQL",
+                code="DB_UNAVAILABLE",
+                hint="check PARLEY_DATABASE_URL, or start it with `parley infra up`",
+            ) from exc
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    @asynccontextmanager
+    async def connection(self, what: str = "database") -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        try:
+            async with self.pool.connection() as conn:
+                yield conn
+        except ParleyError:
+            raise
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise translate(exc, what) from exc
+
+    async def fetchone(
+        self, sql: str, params: Sequence[Any] | dict[str, Any] = (), *, what: str = "query"
+    ) -> Row | None:
+        async with self.connection(what) as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(sql, params, prepare=True)
+            return await cur.fetchone()
+
+    async def fetchall(
+        self, sql: str, params: Sequence[Any] | dict[str, Any] = (), *, what: str = "query"
+    ) -> list[Row]:
+        async with self.connection(what) as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(sql, params, prepare=True)
+            return await cur.fetchall()
+
+    async def execute(
+        self, sql: str, params: Sequence[Any] | dict[str, Any] = (), *, what: str = "statement"
+    ) -> int:
+        async with self.connection(what) as conn:
+            cur = await conn.execute(sql, params, prepare=True)
+            return cur.rowcount
+
+
+_QUERY_HEADER = re.compile(r"^--\s*([a-z_][a-z0-9_]*)\s*--\s*$", re.MULTILINE)
+
+
+def load_queries(path: Path) -> dict[str, str]:
+    """Parse a ``queries.sql`` whose statements are headed by ``-- name --`` lines."""
+    text = path.read_text()
+    parts = _QUERY_HEADER.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
+        queries[name] = "\n".join(lines).strip().rstrip(";")
+    return queries
+
+
+def _migrations(directory: Path) -> list[tuple[int, str, str]]:
+    found = []
+    for path in sorted(directory.glob("*.sql")):
+        match = re.match(r"^(\d+)_([a-z0-9_]+)\.sql$", path.name)
+        if not match:
+            raise FailedPrecondition(
+                f"migration file name {path.name!r} is not NNNN_name.sql", code="MIGRATION_INVALID"
+            )
+        found.append((int(match.group(1)), path.name, path.read_text()))
+    versions = [v for v, _, _ in found]
+    if len(set(versions)) != len(versions):
+        raise FailedPrecondition(f"duplicate migration versions in {directory}", code="MIGRATION_INVALID")
+    return found
+
+
+async def migrate(url: str, schema: str, directory: Path) -> list[str]:
+    """Apply the pending migrations of ``schema``; safe when replicas start at once.
+
+    Everything runs in one transaction under an advisory lock, so a second
+    replica waits, then finds the migrations applied.
+    """
+    if not re.fullmatch(r"[a-z_][a-z0-9_]*", schema):
+        raise InvalidArgument(f"invalid schema name {schema!r}")
+    migrations = _migrations(directory)
+    applied: list[str] = []
+    try:
+        async with (
+            await psycopg.AsyncConnection.connect(url, autocommit=False) as conn,
+            conn.transaction(),
+        ):
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+            await conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {schema}.schema_migrations ("
+                " version integer PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            cur = await conn.execute(f"SELECT version, name, checksum FROM {schema}.schema_migrations")
+            done = {row[0]: (row[1], row[2]) for row in await cur.fetchall()}
+            for version, name, sql in migrations:
+                checksum = hashlib.sha256(sql.encode()).hexdigest()
+                if version in done:
+                    if done[version][1] != checksum:
+                        raise FailedPrecondition(
+                            f"migration {name} changed after it was applied to schema {schema}",
+                            code="MIGRATION_CHANGED",
+                            hint="never edit an applied migration; add a new one",
+                        )
+                    continue
+                await conn.execute(sql.encode())
+                await conn.execute(
+                    f"INSERT INTO {schema}.schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+                    (version, name, checksum),
+                )
+                applied.append(name)
+    except ParleyError:
+        raise
+    except psycopg.Error as exc:
+        raise translate(exc, f"migrate {schema}") from exc
+    if applied:
+        log.info("migrations applied", schema=schema, applied=",".join(applied))
+    return applied
+
+
+async def describe_schema(conn: psycopg.AsyncConnection[Any], schema: str) -> list[str]:
+    """A normalised description of a schema's tables, columns, constraints, indexes and functions.
+
+    Used to prove that the migrations build exactly the declared ``schema.sql``.
+    """
+    lines: list[str] = []
+    cur = await conn.execute(
+        """SELECT table_name, column_name, data_type, udt_name, is_nullable, coalesce(column_default, '')
+             FROM information_schema.columns
+            WHERE table_schema = %s AND table_name <> 'schema_migrations'
+            ORDER BY table_name, column_name""",
+        (schema,),
+    )
+    lines += [f"column {r[0]}.{r[1]} {r[2]}/{r[3]} null={r[4]} default={r[5]}" for r in await cur.fetchall()]
+    cur = await conn.execute(
+        """SELECT rel.relname, con.conname, pg_get_constraintdef(con.oid)
+             FROM pg_constraint con JOIN pg_class rel ON rel.oid = con.conrelid
+             JOIN pg_namespace ns ON ns.oid = rel.relnamespace
+            WHERE ns.nspname = %s AND rel.relname <> 'schema_migrations'
+            ORDER BY 1, 2""",
+        (schema,),
+    )
+    lines += [f"constraint {r[0]}.{r[1]} {r[2]}" for r in await cur.fetchall()]
+    cur = await conn.execute(
+        """SELECT indexname, indexdef FROM pg_indexes
+            WHERE schemaname = %s AND tablename <> 'schema_migrations' ORDER BY 1""",
+        (schema,),
+    )
+    lines += [f"index {r[0]} {r[1]}" for r in await cur.fetchall()]
+    cur = await conn.execute(
+        """SELECT p.proname, pg_get_function_identity_arguments(p.oid), md5(p.prosrc)
+             FROM pg_proc p JOIN pg_namespace ns ON ns.oid = p.pronamespace
+            WHERE ns.nspname = %s ORDER BY 1, 2""",
+        (schema,),
+    )
+    lines += [f"function {r[0]}({r[1]}) {r[2]}" for r in await cur.fetchall()]
+    cur = await conn.execute(
+        """SELECT t.tgname, c.relname, pg_get_triggerdef(t.oid) FROM pg_trigger t
+             JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace ns ON ns.oid = c.relnamespace
+            WHERE ns.nspname = %s AND NOT t.tgisinternal ORDER BY 1""",
+        (schema,),
+    )
+    lines += [f"trigger {r[0]} {r[1]} {r[2]}" for r in await cur.fetchall()]
+    return lines

@@ -1,0 +1,161 @@
+"""Request/reply over NATS carrying the protobuf contract.
+
+Subject ``<ns>.<service>.<Method>``, served in the queue group ``<service>`` so
+replicas share the load. A reply carries header ``Parley-Status: ok`` and the
+response message, or ``error`` and a ``parley.v1.Error`` envelope. The caller's
+deadline travels in ``Parley-Deadline`` (epoch seconds) and bounds the handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import nats.errors
+from google.protobuf.message import DecodeError, Message
+from nats.aio.msg import Msg
+from parley.v1 import common_pb2
+
+from .bus import Bus, translate_nats_error
+from .errors import DeadlineExceeded, Internal, InvalidArgument, ParleyError
+from .logging import get_logger
+from .metrics import MessagingMetrics
+
+log = get_logger(__name__)
+
+STATUS = "Parley-Status"
+DEADLINE = "Parley-Deadline"
+
+Req = TypeVar("Req", bound=Message)
+Resp = TypeVar("Resp", bound=Message)
+RpcHandler = Callable[[Any], Awaitable[Message]]
+
+
+class RpcServer:
+    def __init__(
+        self, bus: Bus, service: str, *, metrics: MessagingMetrics | None = None, max_concurrency: int = 256
+    ) -> None:
+        self.bus = bus
+        self.service = service
+        self.metrics = metrics
+        self._handlers: dict[str, tuple[type[Message], RpcHandler]] = {}
+        self._subs: list[Any] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(max_concurrency)
+
+    def register(
+        self, method: str, request_type: type[Req], handler: Callable[[Req], Awaitable[Message]]
+    ) -> None:
+        self._handlers[method] = (request_type, handler)
+
+    async def start(self) -> None:
+        for method in self._handlers:
+            subject = self.bus.subjects.rpc(self.service, method)
+
+            async def on_message(msg: Msg, method: str = method) -> None:
+                # Subscription callbacks run one at a time; each request gets its own task.
+                await self._slots.acquire()
+                task = asyncio.create_task(self._serve(method, msg))
+                self._tasks.add(task)
+                task.add_done_callback(self._done)
+
+            self._subs.append(await self.bus.subscribe(subject, on_message, queue=self.service))
+        log.info("rpc serving", service=self.service, methods=",".join(sorted(self._handlers)))
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+
+    async def _serve(self, method: str, msg: Msg) -> None:
+        request_type, handler = self._handlers[method]
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            try:
+                request = request_type.FromString(msg.data)
+            except DecodeError as exc:
+                raise InvalidArgument(
+                    f"{method}: request is not a valid {request_type.DESCRIPTOR.full_name}",
+                    code="INVALID_PAYLOAD",
+                ) from exc
+            deadline = _deadline_of(msg)
+            if deadline is None:
+                response = await handler(request)
+            else:
+                remaining = deadline - time.time()
+                if remaining <= 0:
+                    raise DeadlineExceeded(f"{method}: deadline passed before handling")
+                async with asyncio.timeout(remaining):
+                    response = await handler(request)
+            await self._reply(msg, response.SerializeToString(), "ok")
+        except ParleyError as exc:
+            outcome = exc.code
+            await self._reply(msg, exc.to_proto().SerializeToString(), "error")
+        except TimeoutError:
+            outcome = "DEADLINE_EXCEEDED"
+            timeout = DeadlineExceeded(f"{method}: caller's deadline exceeded")
+            await self._reply(msg, timeout.to_proto().SerializeToString(), "error")
+        except Exception:
+            outcome = "INTERNAL"
+            log.exception("rpc handler crashed", service=self.service, method=method)
+            err = Internal(f"{method} failed unexpectedly", hint="see the service log")
+            await self._reply(msg, err.to_proto().SerializeToString(), "error")
+        finally:
+            if self.metrics:
+                self.metrics.rpc.labels(f"{self.service}.{method}", outcome).observe(
+                    time.perf_counter() - started
+                )
+
+    async def _reply(self, msg: Msg, data: bytes, status: str) -> None:
+        if not msg.reply:
+            return
+        with contextlib.suppress(nats.errors.Error):
+            await self.bus.nc.publish(msg.reply, data, headers={STATUS: status})
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Stop taking requests, then wait for the ones being served."""
+        for sub in self._subs:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+        self._subs.clear()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout)
+
+
+def _deadline_of(msg: Msg) -> float | None:
+    raw = (msg.headers or {}).get(DEADLINE)
+    if not raw:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        return None
+
+
+class RpcClient:
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+
+    async def call(
+        self, service: str, method: str, request: Message, response_type: type[Resp], *, timeout: float = 10.0
+    ) -> Resp:
+        subject = self.bus.subjects.rpc(service, method)
+        headers = {DEADLINE: f"{time.time() + timeout:.3f}"}
+        try:
+            reply = await self.bus.nc.request(
+                subject, request.SerializeToString(), timeout=timeout, headers=headers
+            )
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise translate_nats_error(exc, f"{service}.{method}") from exc
+        status = (reply.headers or {}).get(STATUS)
+        try:
+            if status == "error":
+                raise ParleyError.from_proto(common_pb2.Error.FromString(reply.data))
+            if status != "ok":
+                raise Internal(f"{service}.{method}: reply without {STATUS} header", code="BAD_REPLY")
+            return response_type.FromString(reply.data)
+        except DecodeError as exc:
+            raise Internal(f"{service}.{method}: reply does not decode", code="BAD_REPLY") from exc

@@ -1,0 +1,44 @@
+"""Settings shared by every service, read from ``PARLEY_*`` environment variables."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Environment(StrEnum):
+    DEVELOPMENT = "development"
+    TEST = "test"
+    PRODUCTION = "production"
+
+
+class Settings(BaseSettings):
+    """Common settings. Services subclass this to add their own."""
+
+    model_config = SettingsConfigDict(env_prefix="PARLEY_", extra="ignore")
+
+    environment: Environment = Environment.DEVELOPMENT
+    nats_url: str = "nats://127.0.0.1:4222"
+    database_url: str = "postgresql://parley@127.0.0.1:5432/parley"
+    # Prefix of every subject and stream name. Test sessions use their own so
+    # runs sharing one NATS server never collide.
+    namespace: str = Field(default="parley", pattern=r"^[a-z][a-z0-9_]{0,31}$")
+    operator_token: SecretStr | None = None
+    log_level: str = "INFO"
+    log_format: str = Field(default="text", pattern=r"^(text|json)$")
+    metrics_host: str = "127.0.0.1"
+    grpc_host: str = "127.0.0.1"
+    db_pool_min: int = Field(default=2, ge=1)
+    db_pool_max: int = Field(default=10, ge=1)
+    shutdown_timeout_seconds: float = Field(default=10.0, gt=0)
+    state_dir: Path = Path(".parley")
+
+    @field_validator("nats_url", "database_url")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be blank")
+        return value.strip()

@@ -1,0 +1,1 @@
+"""The model gateway: every model call of the suite goes through here."""

@@ -1,0 +1,34 @@
+"""What every model provider implements; the gateway adds the protection around it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class ProviderRequest:
+    model_type: str
+    prompt: str
+    system: str = ""
+    segments: list[tuple[str, bool]] = field(default_factory=list)
+    temperature: float | None = None
+    max_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    grammar: str = ""
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    finish_reason: str = "stop"
+
+
+class Provider(Protocol):
+    name: str
+    model: str
+
+    async def generate(self, request: ProviderRequest) -> Completion: ...

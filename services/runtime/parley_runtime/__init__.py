@@ -1,0 +1,1 @@
+"""The runtime service: agent turns."""

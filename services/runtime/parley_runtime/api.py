@@ -1,0 +1,187 @@
+"""The ``parley.v1.Runtime`` service, served over gRPC and NATS."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import datetime
+from typing import Any
+
+from google.protobuf.message import DecodeError
+from google.protobuf.timestamp_pb2 import Timestamp
+from parley.v1 import runtime_pb2
+from parley_platform.bus import Bus
+from parley_platform.errors import DeadlineExceeded, InvalidArgument, NotFound
+from parley_platform.paging import cut, page_of
+
+from .turn import ROOM_TYPES, AgentInfo
+
+ROOM_TYPE_VALUES: dict[str, Any] = {name: value for value, name in ROOM_TYPES.items() if value}
+MEMORY_KINDS = {"messages", "facts", "documents", "fragments", "reflections"}
+API_SOURCE = "api"
+
+
+def _ts(value: datetime | None) -> Timestamp | None:
+    if value is None:
+        return None
+    ts = Timestamp()
+    ts.FromDatetime(value)
+    return ts
+
+
+def _uuid(value: str, field: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise InvalidArgument(f"{field} must be a UUID", code="INVALID_ID") from None
+
+
+class ReplyWaiters:
+    """Routes replies seen on ``<ns>.outbound.*.api`` to the SendMessage calls awaiting them."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[tuple[str, str], asyncio.Queue[runtime_pb2.OutboundMessage]] = {}
+
+    def open(self, agent_id: str, message_id: str) -> asyncio.Queue[runtime_pb2.OutboundMessage]:
+        queue: asyncio.Queue[runtime_pb2.OutboundMessage] = asyncio.Queue()
+        self._waiting[(agent_id, message_id)] = queue
+        return queue
+
+    def close(self, agent_id: str, message_id: str) -> None:
+        self._waiting.pop((agent_id, message_id), None)
+
+    async def on_message(self, msg: Any) -> None:
+        try:
+            outbound = runtime_pb2.OutboundMessage.FromString(msg.data)
+        except DecodeError:
+            return
+        queue = self._waiting.get((outbound.agent_id, outbound.in_reply_to))
+        if queue is not None:
+            queue.put_nowait(outbound)
+
+
+class RuntimeApi:
+    def __init__(self, *, store: Any, bus: Bus, agents: dict[str, AgentInfo], waiters: ReplyWaiters) -> None:
+        self.store = store
+        self.bus = bus
+        self.agents = agents
+        self.waiters = waiters
+
+    def resolve_agent(self, ref: str) -> AgentInfo:
+        if not ref:
+            raise InvalidArgument("agent_id is required (an agent id or name)", code="AGENT_REQUIRED")
+        agent = self.agents.get(ref)
+        if agent is None:
+            agent = next((a for a in self.agents.values() if a.character.name == ref), None)
+        if agent is None:
+            raise NotFound(
+                f"no agent {ref[:100]!r}", code="AGENT_NOT_FOUND", hint="list them with `parley agents`"
+            )
+        return agent
+
+    async def SendMessage(self, request: runtime_pb2.SendMessageRequest) -> runtime_pb2.SendMessageResponse:
+        agent = self.resolve_agent(request.agent_id)
+        if not request.text.strip():
+            raise InvalidArgument("text must not be empty", code="TEXT_REQUIRED")
+        if request.timeout_seconds < 0 or request.timeout_seconds > 600:
+            raise InvalidArgument("timeout_seconds must be from 0 to 600", code="INVALID_TIMEOUT")
+        sender = request.sender_id or "operator"
+        message_id = request.message_id or uuid.uuid4().hex
+        inbound = runtime_pb2.InboundMessage(
+            agent_id=str(agent.id),
+            source=API_SOURCE,
+            message_id=message_id,
+            sender_id=sender,
+            sender_name=request.sender_name or sender,
+            channel_id=request.channel_id or f"operator:{sender}",
+            room_type=request.room_type or runtime_pb2.ROOM_TYPE_API,
+            text=request.text,
+        )
+        inbound.sent_at.GetCurrentTime()
+        timeout = request.timeout_seconds or 30.0
+        queue = self.waiters.open(str(agent.id), message_id)
+        try:
+            await self.bus.publish(
+                self.bus.subjects.inbound(str(agent.id)),
+                inbound.SerializeToString(),
+                msg_id=f"{API_SOURCE}:{message_id}",
+            )
+            try:
+                async with asyncio.timeout(timeout):
+                    reply = await queue.get()
+            except TimeoutError:
+                raise DeadlineExceeded(
+                    f"no reply from agent {agent.character.name!r} within {timeout:.0f}s",
+                    code="REPLY_TIMEOUT",
+                    hint="the message was accepted; the reply may still come",
+                ) from None
+        finally:
+            self.waiters.close(str(agent.id), message_id)
+        return runtime_pb2.SendMessageResponse(message_id=message_id, replies=[reply])
+
+    async def ListAgents(self, request: runtime_pb2.ListAgentsRequest) -> runtime_pb2.ListAgentsResponse:
+        page = page_of(request.page if request.HasField("page") else None)
+        rows, page_response = cut(page, await self.store.list_agents(page.fetch, page.offset))
+        agents = [
+            runtime_pb2.Agent(
+                id=str(r["id"]),
+                name=r["name"],
+                enabled=r["enabled"],
+                bio=" ".join(r["character"].get("bio", [])),
+                created_at=_ts(r["created_at"]),
+            )
+            for r in rows
+        ]
+        return runtime_pb2.ListAgentsResponse(agents=agents, page=page_response)
+
+    async def ListRooms(self, request: runtime_pb2.ListRoomsRequest) -> runtime_pb2.ListRoomsResponse:
+        agent = self.resolve_agent(request.agent_id)
+        page = page_of(request.page if request.HasField("page") else None)
+        rows, page_response = cut(page, await self.store.list_rooms(agent.id, page.fetch, page.offset))
+        rooms = [
+            runtime_pb2.Room(
+                id=str(r["id"]),
+                agent_id=str(agent.id),
+                source=r["source"],
+                channel_id=r["channel_id"],
+                type=ROOM_TYPE_VALUES.get(r["type"], 0),
+                world_id=r["world_external_id"] or "",
+                created_at=_ts(r["created_at"]),
+            )
+            for r in rows
+        ]
+        return runtime_pb2.ListRoomsResponse(rooms=rooms, page=page_response)
+
+    async def ListMemories(
+        self, request: runtime_pb2.ListMemoriesRequest
+    ) -> runtime_pb2.ListMemoriesResponse:
+        agent = self.resolve_agent(request.agent_id)
+        kind = request.table or "messages"
+        if kind not in MEMORY_KINDS:
+            raise InvalidArgument(
+                f"table must be one of {', '.join(sorted(MEMORY_KINDS))}", code="INVALID_TABLE"
+            )
+        room = _uuid(request.room_id, "room_id") if request.room_id else None
+        page = page_of(request.page if request.HasField("page") else None)
+        rows, page_response = cut(
+            page, await self.store.list_memories(agent.id, kind, room, page.fetch, page.offset)
+        )
+        memories = []
+        for r in rows:
+            content = r["content"]
+            memories.append(
+                runtime_pb2.Memory(
+                    id=str(r["id"]),
+                    agent_id=str(agent.id),
+                    room_id=str(r["room_id"] or ""),
+                    entity_id=str(r["entity_id"] or ""),
+                    table=r["kind"],
+                    text=content.get("text", ""),
+                    actions=content.get("actions", []),
+                    thought=content.get("thought", ""),
+                    source=r["source"] or "",
+                    in_reply_to=str(r["in_reply_to"] or ""),
+                    created_at=_ts(r["created_at"]),
+                )
+            )
+        return runtime_pb2.ListMemoriesResponse(memories=memories, page=page_response)

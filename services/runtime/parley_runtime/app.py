@@ -1,0 +1,134 @@
+"""Wiring of the runtime service: start in order, stop in reverse."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from functools import partial
+
+from parley.v1 import runtime_pb2, runtime_pb2_grpc
+from parley_platform.bus import Bus, ConsumerSpec
+from parley_platform.consumer import PullConsumer
+from parley_platform.errors import InvalidArgument
+from parley_platform.grpcserver import GrpcServer, start_grpc_server
+from parley_platform.lifecycle import shutdown_in_order
+from parley_platform.logging import get_logger
+from parley_platform.metrics import MessagingMetrics, MetricsServer, serve
+from parley_platform.postgres import Database, migrate
+from parley_platform.rpc import RpcClient, RpcServer
+from parley_platform.service import grpc_binding, register_nats
+from prometheus_client import CollectorRegistry
+
+from .api import API_SOURCE, ReplyWaiters, RuntimeApi
+from .character import load_characters
+from .config import RuntimeSettings
+from .store import MIGRATIONS_DIR, SCHEMA, RuntimeStore
+from .turn import AgentInfo, TurnMetrics, TurnProcessor
+
+log = get_logger(__name__)
+
+SERVICE = "runtime"
+
+
+class RuntimeApp:
+    def __init__(self, settings: RuntimeSettings) -> None:
+        self.settings = settings
+        self.registry = CollectorRegistry()
+        self.agents: dict[str, AgentInfo] = {}
+        self.grpc: GrpcServer | None = None
+        self.metrics_server: MetricsServer | None = None
+        self.consumer: PullConsumer | None = None
+        self.rpc_server: RpcServer | None = None
+        self.bus: Bus | None = None
+        self.db: Database | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        if s.operator_token is None:
+            raise InvalidArgument(
+                "PARLEY_OPERATOR_TOKEN is not set",
+                code="OPERATOR_TOKEN_REQUIRED",
+                hint="`parley run` sets one for you; otherwise choose a long random string",
+            )
+        characters = load_characters(s.characters_dir)
+        if not characters:
+            raise InvalidArgument(
+                f"no character files in {s.characters_dir}",
+                code="NO_CHARACTERS",
+                hint="add a YAML character, e.g. characters/default.yaml",
+            )
+        await migrate(s.database_url, SCHEMA, MIGRATIONS_DIR)
+        self.db = Database(s.database_url, name=SERVICE, min_size=s.db_pool_min, max_size=s.db_pool_max)
+        await self.db.open()
+        self.store = RuntimeStore(self.db)
+        for character in characters:
+            self.agents[str(character.agent_id)] = AgentInfo(character.agent_id, character)
+            await self.store.upsert_agent(
+                character.agent_id, character.name, character.document(), character.enabled
+            )
+        log.info("agents loaded", agents=",".join(c.name for c in characters))
+
+        self.bus = await Bus.connect(s.nats_url, name=SERVICE, namespace=s.namespace)
+        await self.bus.ensure_standard_streams()
+        messaging = MessagingMetrics(self.registry)
+        self.turns = TurnProcessor(
+            store=self.store,
+            bus=self.bus,
+            rpc=RpcClient(self.bus),
+            agents=self.agents,
+            metrics=TurnMetrics(self.registry),
+            max_text_bytes=s.max_text_bytes,
+            max_deliver=s.max_deliver,
+            model_timeout=s.model_timeout_seconds,
+            recent_messages=s.recent_messages,
+        )
+        subjects = self.bus.subjects
+        self.waiters = ReplyWaiters()
+        self.reply_sub = await self.bus.subscribe(subjects.outbound("*", API_SOURCE), self.waiters.on_message)
+        self.api = RuntimeApi(store=self.store, bus=self.bus, agents=self.agents, waiters=self.waiters)
+        self.rpc_server = RpcServer(self.bus, SERVICE, metrics=messaging)
+        register_nats(self.rpc_server, self.api, runtime_pb2, "Runtime")
+        await self.rpc_server.start()
+        self.grpc = await start_grpc_server(
+            [grpc_binding(self.api, runtime_pb2, runtime_pb2_grpc, "Runtime")],
+            host=s.grpc_host,
+            port=s.runtime_grpc_port,
+            token=s.operator_token.get_secret_value(),
+        )
+        self.consumer = PullConsumer(
+            self.bus,
+            ConsumerSpec(
+                stream=subjects.stream("INBOUND"),
+                durable="runtime",
+                filter_subject=subjects.all("inbound"),
+                ack_wait_seconds=s.ack_wait_seconds,
+                max_deliver=s.max_deliver,
+            ),
+            self.turns.handle,
+            concurrency=s.turn_concurrency,
+            metrics=messaging,
+        )
+        await self.consumer.start()
+        self.metrics_server = serve(self.registry, s.metrics_host, s.runtime_metrics_port)
+        log.info(
+            "runtime ready",
+            grpc_port=self.grpc.port,
+            metrics_port=self.metrics_server.port,
+            namespace=s.namespace,
+        )
+
+    async def stop(self) -> None:
+        timeout = self.settings.shutdown_timeout_seconds
+        steps: list[tuple[str, Callable[[], Awaitable[object]]]] = []
+        if self.consumer:
+            steps.append(("consumer", partial(self.consumer.stop, timeout)))
+        if self.grpc:
+            steps.append(("grpc", partial(self.grpc.stop, 2)))
+        if self.rpc_server:
+            steps.append(("rpc", partial(self.rpc_server.stop, 2)))
+        if self.bus:
+            steps.append(("nats", self.bus.close))
+        if self.db:
+            steps.append(("database", self.db.close))
+        await shutdown_in_order(steps, timeout=timeout + 5)
+        if self.metrics_server:
+            self.metrics_server.stop()

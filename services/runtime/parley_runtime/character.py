@@ -1,0 +1,97 @@
+"""Characters: the validated document that defines an agent."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+from parley_platform.errors import InvalidArgument
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from . import ids
+
+
+class MessageExample(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    text: str
+
+
+class Character(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.-]*$")
+    id: uuid.UUID | None = None
+    username: str = ""
+    system: str = ""
+    bio: list[str] = Field(default_factory=list)
+    style: dict[str, list[str]] = Field(default_factory=dict)
+    topics: list[str] = Field(default_factory=list)
+    adjectives: list[str] = Field(default_factory=list)
+    message_examples: list[list[MessageExample]] = Field(default_factory=list, alias="messageExamples")
+    settings: dict[str, Any] = Field(default_factory=dict)
+    secrets: dict[str, str] = Field(default_factory=dict)
+    plugins: list[str] = Field(default_factory=list)
+    templates: dict[str, str] = Field(default_factory=dict)
+    enabled: bool = True
+
+    @field_validator("bio", mode="before")
+    @classmethod
+    def _bio_as_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @property
+    def agent_id(self) -> uuid.UUID:
+        return self.id or ids.agent_id(self.name)
+
+    def document(self) -> dict[str, Any]:
+        """The character as stored, without its secrets (they are stored encrypted, elsewhere)."""
+        return self.model_dump(mode="json", by_alias=True, exclude={"secrets"}, exclude_defaults=True)
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(document)"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def parse_character(data: Any, origin: str = "character") -> Character:
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"{origin}: a character must be a mapping", code="CHARACTER_INVALID")
+    try:
+        return Character.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidArgument(
+            f"{origin}: {_describe(exc)}",
+            code="CHARACTER_INVALID",
+            hint="see characters/default.yaml for a valid example",
+        ) from exc
+
+
+def load_character_file(path: Path) -> Character:
+    try:
+        text = path.read_text()
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise InvalidArgument(
+            f"{path.name}: cannot read character file ({type(exc).__name__})", code="CHARACTER_INVALID"
+        ) from exc
+    return parse_character(data, path.name)
+
+
+def load_characters(directory: Path) -> list[Character]:
+    files = sorted(p for p in directory.glob("*") if p.suffix in {".yaml", ".yml", ".json"})
+    characters = [load_character_file(p) for p in files]
+    names = [c.name for c in characters]
+    duplicates = {n for n in names if names.count(n) > 1}
+    if duplicates:
+        raise InvalidArgument(
+            f"characters in {directory} share names: {', '.join(sorted(duplicates))}",
+            code="CHARACTER_INVALID",
+        )
+    return characters

@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from parley_platform.settings import Settings
+from pydantic import Field
+
+
+class RuntimeSettings(Settings):
+    runtime_grpc_port: int = Field(default=50051, ge=0, le=65535)
+    runtime_metrics_port: int = Field(default=9101, ge=0, le=65535)
+    characters_dir: Path = Path("characters")
+    max_text_bytes: int = Field(default=64 * 1024, gt=0)
+    turn_concurrency: int = Field(default=64, gt=0)
+    max_deliver: int = Field(default=5, gt=1)
+    ack_wait_seconds: float = Field(default=60.0, gt=0)
+    model_timeout_seconds: float = Field(default=30.0, gt=0)
+    recent_messages: int = Field(default=10, ge=0, le=100)

@@ -1,0 +1,117 @@
+-- The declared runtime schema. tests/integration/test_migrations.py proves that
+-- applying sql/migrations/ in order builds exactly this.
+
+CREATE SCHEMA IF NOT EXISTS runtime;
+
+
+CREATE TABLE runtime.agent (
+    id          uuid PRIMARY KEY,
+    name        text NOT NULL UNIQUE CHECK (name <> ''),
+    character   jsonb NOT NULL,
+    enabled     boolean NOT NULL DEFAULT true,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE runtime.entity (
+    agent_id    uuid NOT NULL REFERENCES runtime.agent (id) ON DELETE CASCADE,
+    id          uuid NOT NULL,
+    names       text[] NOT NULL DEFAULT '{}',
+    -- {source: {id, name, userName}}
+    metadata    jsonb NOT NULL DEFAULT '{}',
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (agent_id, id)
+);
+
+CREATE TABLE runtime.world (
+    agent_id     uuid NOT NULL REFERENCES runtime.agent (id) ON DELETE CASCADE,
+    id           uuid NOT NULL,
+    source       text NOT NULL,
+    external_id  text NOT NULL,
+    name         text NOT NULL DEFAULT '',
+    metadata     jsonb NOT NULL DEFAULT '{}',
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (agent_id, id)
+);
+
+CREATE TABLE runtime.room (
+    agent_id    uuid NOT NULL REFERENCES runtime.agent (id) ON DELETE CASCADE,
+    id          uuid NOT NULL,
+    world_id    uuid,
+    source      text NOT NULL CHECK (source <> ''),
+    channel_id  text NOT NULL,
+    type        text NOT NULL CHECK (type IN ('DM', 'GROUP', 'VOICE_DM', 'SELF', 'API', 'FEED', 'THREAD')),
+    name        text NOT NULL DEFAULT '',
+    metadata    jsonb NOT NULL DEFAULT '{}',
+    -- The per-room turn lease: the stream sequence of the newest message that
+    -- took it, and a fencing token raised on every take.
+    turn_seq    bigint NOT NULL DEFAULT 0,
+    turn_token  bigint NOT NULL DEFAULT 0,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (agent_id, id),
+    FOREIGN KEY (agent_id, world_id) REFERENCES runtime.world (agent_id, id)
+);
+
+CREATE TABLE runtime.participant (
+    agent_id    uuid NOT NULL,
+    room_id     uuid NOT NULL,
+    entity_id   uuid NOT NULL,
+    role        text NOT NULL DEFAULT 'MEMBER' CHECK (role IN ('OWNER', 'ADMIN', 'MEMBER', 'GUEST', 'NONE')),
+    user_state  text CHECK (user_state IN ('FOLLOWED', 'MUTED')),
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (agent_id, room_id, entity_id),
+    FOREIGN KEY (agent_id, room_id) REFERENCES runtime.room (agent_id, id) ON DELETE CASCADE,
+    FOREIGN KEY (agent_id, entity_id) REFERENCES runtime.entity (agent_id, id) ON DELETE CASCADE
+);
+
+CREATE TABLE runtime.memory (
+    agent_id     uuid NOT NULL REFERENCES runtime.agent (id) ON DELETE CASCADE,
+    id           uuid NOT NULL,
+    room_id      uuid,
+    entity_id    uuid,
+    kind         text NOT NULL CHECK (kind IN ('messages', 'facts', 'documents', 'fragments', 'reflections')),
+    -- {text, actions, thought, source, in_reply_to, attachments, metadata}
+    content      jsonb NOT NULL,
+    source       text,
+    -- The connector's message id: an inbound message is stored once.
+    external_id  text,
+    in_reply_to  uuid,
+    created_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (agent_id, id)
+);
+CREATE UNIQUE INDEX memory_inbound_once ON runtime.memory (agent_id, source, external_id)
+    WHERE external_id IS NOT NULL;
+CREATE INDEX memory_room_recent ON runtime.memory (agent_id, room_id, created_at DESC, id DESC);
+
+CREATE TABLE runtime.turn (
+    agent_id      uuid NOT NULL REFERENCES runtime.agent (id) ON DELETE CASCADE,
+    -- The id of the inbound message memory this turn answers.
+    id            uuid NOT NULL,
+    room_id       uuid NOT NULL,
+    stream_seq    bigint NOT NULL,
+    state         text NOT NULL CHECK (state IN ('received', 'running', 'replied', 'ignored', 'failed',
+                                                 'superseded')),
+    lease_token   bigint,
+    attempts      integer NOT NULL DEFAULT 1 CHECK (attempts > 0),
+    response_id   uuid,
+    error         text,
+    trajectory    jsonb,
+    received_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+    finished_at   timestamptz,
+    PRIMARY KEY (agent_id, id)
+);
+CREATE INDEX turn_room_recent ON runtime.turn (agent_id, room_id, received_at DESC);
+
+-- Written before a non-idempotent action runs, so a retried turn can tell
+-- that the effect may already have happened.
+CREATE TABLE runtime.effect_claim (
+    agent_id      uuid NOT NULL,
+    turn_id       uuid NOT NULL,
+    action_index  integer NOT NULL CHECK (action_index >= 0),
+    action        text NOT NULL,
+    result        jsonb,
+    claimed_at    timestamptz NOT NULL DEFAULT now(),
+    completed_at  timestamptz,
+    PRIMARY KEY (agent_id, turn_id, action_index),
+    FOREIGN KEY (agent_id, turn_id) REFERENCES runtime.turn (agent_id, id) ON DELETE CASCADE
+);
