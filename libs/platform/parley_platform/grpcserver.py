@@ -27,9 +27,7 @@ Handler = Any
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
-def _abort_handler(
-    handler: Handler, code: grpc.StatusCode, message: str
-) -> Handler:
+def _abort_handler(handler: Handler, code: grpc.StatusCode, message: str) -> Handler:
     envelope = Unauthenticated(message).to_proto().SerializeToString()
 
     async def abort(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
@@ -126,9 +124,7 @@ class ServiceBinding:
 
 
 class GrpcServer:
-    def __init__(
-        self, server: grpc.aio.Server, port: int, health_servicer: Any
-    ) -> None:
+    def __init__(self, server: grpc.aio.Server, port: int, health_servicer: Any) -> None:
         self.server = server
         self.port = port
         self.health = health_servicer

@@ -1,0 +1,61 @@
+"""Session fixtures: real NATS and PostgreSQL for every test, isolated per session.
+
+Servers come from PARLEY_TEST_NATS_URL / PARLEY_TEST_DATABASE_URL when set,
+else from testcontainers when a Docker engine answers, else from the embedded
+binaries of the pip packages. Each session gets its own database and its own
+NATS namespace (subjects and stream names), so runs never collide.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from parley_platform import infra
+from parley_platform.bus import Bus, standard_streams
+from parley_platform.testing import create_database, drop_database
+from support import SessionEnv
+
+
+@pytest.fixture(scope="session")
+def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[infra.Endpoints]:
+    with infra.session_infra(tmp_path_factory.mktemp("infra")) as found:
+        yield found
+
+
+@pytest.fixture(scope="session")
+def test_env(endpoints: infra.Endpoints) -> Iterator[SessionEnv]:
+    suffix = secrets.token_hex(4)
+    name = f"parley_test_{suffix}"
+    url = create_database(endpoints.database_url, name)
+    yield SessionEnv(
+        nats_url=endpoints.nats_url,
+        server_database_url=endpoints.database_url,
+        database_url=url,
+        namespace=f"t{suffix}",
+        token=secrets.token_urlsafe(24),
+    )
+    drop_database(endpoints.database_url, name)
+
+
+@pytest.fixture(scope="session")
+async def bus(test_env: SessionEnv) -> AsyncIterator[Bus]:
+    connected = await Bus.connect(test_env.nats_url, name="tests", namespace=test_env.namespace)
+    await connected.ensure_standard_streams()
+    yield connected
+    for spec in standard_streams(connected.subjects):
+        with contextlib.suppress(Exception):
+            await connected.js.delete_stream(spec.name)
+    await connected.close()
+
+
+@pytest.fixture
+def fresh_database(test_env: SessionEnv) -> Iterator[str]:
+    """An empty database of its own, for tests that need one (migrations, schema)."""
+    name = f"parley_fresh_{secrets.token_hex(4)}"
+    url = create_database(test_env.server_database_url, name)
+    yield url
+    drop_database(test_env.server_database_url, name)
