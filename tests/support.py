@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psycopg
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from parley.v1 import runtime_pb2
+from parley_platform.bus import Bus
 from parley_platform.infra import free_port
 from parley_platform.testing import ServiceProcess
 
@@ -27,6 +34,7 @@ class SessionEnv:
             "PARLEY_OPERATOR_TOKEN": self.token,
             "PARLEY_ENVIRONMENT": "test",
             "PARLEY_CHARACTERS_DIR": str(ROOT / "characters"),
+            "PARLEY_SCRIPTED_RULES": str(ROOT / "tests" / "e2e" / "rules.yaml"),
         }
         env.update(extra)
         return env
@@ -34,28 +42,126 @@ class SessionEnv:
 
 @dataclass
 class Suite:
+    """The model gateway and runtime replicas as real processes, in one NATS namespace."""
+
     env: SessionEnv
     logs: Path
+    namespace: str
     gateway: ServiceProcess | None = None
     runtimes: list[ServiceProcess] = field(default_factory=list)
 
+    def _env(self, **extra: str) -> dict[str, str]:
+        return self.env.service_env(PARLEY_NAMESPACE=self.namespace, **extra)
+
     def gateway_process(self, **extra: str) -> ServiceProcess:
         port = free_port()
-        env = self.env.service_env(
+        env = self._env(
             PARLEY_GATEWAY_GRPC_PORT=str(port), PARLEY_GATEWAY_METRICS_PORT=str(free_port()), **extra
         )
         return ServiceProcess("parley_gateway", env, self.logs / f"gateway-{port}.log", port)
 
     def runtime_process(self, **extra: str) -> ServiceProcess:
         port = free_port()
-        metrics = free_port()
-        env = self.env.service_env(
-            PARLEY_RUNTIME_GRPC_PORT=str(port), PARLEY_RUNTIME_METRICS_PORT=str(metrics), **extra
+        env = self._env(
+            PARLEY_RUNTIME_GRPC_PORT=str(port), PARLEY_RUNTIME_METRICS_PORT=str(free_port()), **extra
         )
-        process = ServiceProcess("parley_runtime", env, self.logs / f"runtime-{port}.log", port)
-        process.metrics_port = metrics  # type: ignore[attr-defined]
+        return ServiceProcess("parley_runtime", env, self.logs / f"runtime-{port}.log", port)
+
+    async def start(self, runtimes: int = 1, **runtime_env: str) -> Suite:
+        self.gateway = self.gateway_process().start()
+        await self.gateway.wait_ready()
+        for _ in range(runtimes):
+            await self.add_runtime(**runtime_env)
+        return self
+
+    async def add_runtime(self, **runtime_env: str) -> ServiceProcess:
+        process = self.runtime_process(**runtime_env).start()
+        self.runtimes.append(process)
+        await process.wait_ready()
         return process
+
+    def stop(self) -> None:
+        for process in self.runtimes:
+            process.stop()
+        if self.gateway:
+            self.gateway.stop()
 
     @property
     def runtime(self) -> ServiceProcess:
         return self.runtimes[0]
+
+    async def connect(self) -> Bus:
+        return await Bus.connect(self.env.nats_url, name="tests", namespace=self.namespace)
+
+
+AGENT_NAMESPACE = uuid.UUID("6f1f3f3e-6a0c-5b8e-9a57-5061726c6579")
+DEFAULT_AGENT_ID = str(uuid.uuid5(AGENT_NAMESPACE, "agent:default"))
+
+
+def inbound(
+    text: str,
+    *,
+    message_id: str | None = None,
+    channel: str = "e2e",
+    source: str = "e2e",
+    sender: str = "alice",
+    agent_id: str = DEFAULT_AGENT_ID,
+    room_type: int = runtime_pb2.ROOM_TYPE_DM,
+) -> runtime_pb2.InboundMessage:
+    return runtime_pb2.InboundMessage(
+        agent_id=agent_id,
+        source=source,
+        message_id=message_id or uuid.uuid4().hex,
+        sender_id=sender,
+        sender_name=sender.title(),
+        channel_id=channel,
+        room_type=room_type,  # type: ignore[arg-type]
+        text=text,
+    )
+
+
+async def publish_inbound(bus: Bus, message: runtime_pb2.InboundMessage, msg_id: str | None = None) -> None:
+    await bus.publish(
+        bus.subjects.inbound(message.agent_id),
+        message.SerializeToString(),
+        msg_id=msg_id or f"{message.source}:{message.message_id}",
+    )
+
+
+async def stream_messages(bus: Bus, subject: str) -> list[Msg]:
+    """Every message stored on ``subject`` so far, read from the stream (not a live subscription)."""
+    sub = await bus.js.subscribe(
+        subject, ordered_consumer=True, config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+    )
+    found: list[Msg] = []
+    try:
+        info = await sub.consumer_info()
+        pending = info.num_pending
+        while len(found) < pending:
+            found.append(await sub.next_msg(timeout=5))
+    finally:
+        await sub.unsubscribe()
+    return found
+
+
+async def replies_to(bus: Bus, message: runtime_pb2.InboundMessage) -> list[runtime_pb2.OutboundMessage]:
+    msgs = await stream_messages(bus, bus.subjects.outbound(message.agent_id, message.source))
+    replies = [runtime_pb2.OutboundMessage.FromString(m.data) for m in msgs]
+    return [r for r in replies if r.in_reply_to == message.message_id]
+
+
+async def inbound_settled(bus: Bus) -> bool:
+    """True when the runtime's durable consumer has nothing pending and nothing awaiting an ack."""
+    info = await bus.js.consumer_info(bus.subjects.stream("INBOUND"), "runtime")
+    return info.num_pending == 0 and info.num_ack_pending == 0
+
+
+def turn_of(database_url: str, message: runtime_pb2.InboundMessage) -> tuple[str, int] | None:
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(
+            "SELECT t.state, t.attempts FROM runtime.turn t JOIN runtime.memory m"
+            " ON m.agent_id = t.agent_id AND m.id = t.id"
+            " WHERE m.source = %s AND m.external_id = %s",
+            (message.source, message.message_id),
+        ).fetchone()
+    return None if row is None else (row[0], row[1])

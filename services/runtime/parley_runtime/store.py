@@ -95,11 +95,23 @@ class RuntimeStore:
         return None if row is None else str(row["state"])
 
     async def finish_turn(
-        self, agent_id: uuid.UUID, turn_id: uuid.UUID, state: str, error: str | None = None
+        self,
+        agent_id: uuid.UUID,
+        turn_id: uuid.UUID,
+        state: str,
+        *,
+        lease_token: int | None,
+        error: str | None = None,
     ) -> bool:
         row = await self.db.fetchone(
             Q["finish_turn"],
-            {"agent_id": agent_id, "turn_id": turn_id, "state": state, "error": error},
+            {
+                "agent_id": agent_id,
+                "turn_id": turn_id,
+                "state": state,
+                "error": error,
+                "lease_token": lease_token,
+            },
             what="finish turn",
         )
         return row is not None

@@ -137,7 +137,9 @@ class TurnProcessor:
             outcome = await self._turn(delivery, inbound, agent, turn_id)
         except Exception as exc:
             if delivery.num_delivered >= self.max_deliver:
-                await self.store.finish_turn(agent.id, turn_id, "failed", error=str(exc)[:500])
+                await self.store.finish_turn(
+                    agent.id, turn_id, "failed", lease_token=None, error=str(exc)[:500]
+                )
                 self.metrics.turns.labels("failed").inc()
             raise
         self.metrics.turns.labels(outcome).inc()
@@ -208,7 +210,7 @@ class TurnProcessor:
             stored = await self.store.get_memory(agent.id, ingested.response_id)
             if stored is not None:
                 await self._publish(inbound, agent, room_id, ingested.response_id, stored["content"])
-                await self.store.finish_turn(agent.id, turn_id, "replied")
+                await self.store.finish_turn(agent.id, turn_id, "replied", lease_token=ingested.lease_token)
                 return "replied"
 
         t0 = time.perf_counter()
@@ -238,7 +240,7 @@ class TurnProcessor:
             "actions": actions,
         }
         if actions == ["IGNORE"] or actions == ["STOP"] or not parsed.text.strip():
-            await self.store.finish_turn(agent.id, turn_id, "ignored")
+            await self.store.finish_turn(agent.id, turn_id, "ignored", lease_token=ingested.lease_token)
             return "ignored"
 
         reply = {
@@ -259,12 +261,15 @@ class TurnProcessor:
             source=source,
             trajectory=trajectory,
         )
-        if state != "running":
+        if state is None:
+            log.info("turn taken over by a copy of its message", agent_id=str(agent.id), turn_id=str(turn_id))
+            return "duplicate"
+        if state == "superseded":
             self.metrics.superseded.inc()
             log.info("reply discarded: a newer message arrived", agent_id=str(agent.id), turn_id=str(turn_id))
             return "superseded"
         await self._publish(inbound, agent, room_id, response_id, reply)
-        await self.store.finish_turn(agent.id, turn_id, "replied")
+        await self.store.finish_turn(agent.id, turn_id, "replied", lease_token=ingested.lease_token)
         self.metrics.stage.labels("deliver").observe(time.perf_counter() - t0)
         return "replied"
 

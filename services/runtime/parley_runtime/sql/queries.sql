@@ -21,9 +21,17 @@ SELECT id, name, enabled, character, created_at
 
 -- ingest --
 -- One round trip per inbound message: upsert the world, entity, room and
--- participant, store the message once, take the room's turn lease (only a
--- message at least as new as the room's newest takes it) and record the turn.
-WITH w AS (
+-- participant, store the message once, take the room's turn lease and record
+-- the turn. The lease orders messages by the stream sequence at which each was
+-- first seen: a message older than the room's newest does not get it (it is
+-- superseded), and a copy of a message (republished or redelivered) takes it
+-- over from its earlier copy. A finished turn takes nothing.
+WITH prev AS (
+    SELECT stream_seq, state FROM runtime.turn WHERE agent_id = %(agent_id)s AND id = %(memory_id)s
+), msg AS (
+    SELECT coalesce((SELECT stream_seq FROM prev), %(stream_seq)s) AS seq,
+           coalesce((SELECT state IN ('received', 'running') FROM prev), true) AS open
+), w AS (
     INSERT INTO runtime.world (agent_id, id, source, external_id)
     SELECT %(agent_id)s, %(world_id)s, %(source)s, %(world_external_id)s
      WHERE %(world_id)s::uuid IS NOT NULL
@@ -37,8 +45,8 @@ WITH w AS (
      WHERE NOT (entity.names @> excluded.names AND entity.metadata @> excluded.metadata)
 ), r AS (
     INSERT INTO runtime.room (agent_id, id, world_id, source, channel_id, type, turn_seq, turn_token)
-    VALUES (%(agent_id)s, %(room_id)s, %(world_id)s, %(source)s, %(channel_id)s, %(room_type)s,
-            %(stream_seq)s, 1)
+    SELECT %(agent_id)s, %(room_id)s, %(world_id)s, %(source)s, %(channel_id)s, %(room_type)s, msg.seq, 1
+      FROM msg WHERE msg.open
     ON CONFLICT (agent_id, id) DO UPDATE
        SET turn_seq = excluded.turn_seq, turn_token = room.turn_token + 1
      WHERE room.turn_seq <= excluded.turn_seq
@@ -54,9 +62,10 @@ WITH w AS (
     ON CONFLICT DO NOTHING
 ), t AS (
     INSERT INTO runtime.turn (agent_id, id, room_id, stream_seq, state, lease_token)
-    VALUES (%(agent_id)s, %(memory_id)s, %(room_id)s, %(stream_seq)s,
-            CASE WHEN (SELECT turn_token FROM r) IS NULL THEN 'superseded' ELSE 'running' END,
-            (SELECT turn_token FROM r))
+    SELECT %(agent_id)s, %(memory_id)s, %(room_id)s, msg.seq,
+           CASE WHEN (SELECT turn_token FROM r) IS NULL THEN 'superseded' ELSE 'running' END,
+           (SELECT turn_token FROM r)
+      FROM msg WHERE msg.open
     ON CONFLICT (agent_id, id) DO UPDATE
        SET attempts = turn.attempts + 1,
            lease_token = excluded.lease_token,
@@ -65,8 +74,7 @@ WITH w AS (
      WHERE turn.state IN ('received', 'running')
     RETURNING state, attempts, response_id, lease_token
 )
-SELECT t.state, t.attempts, t.response_id, t.lease_token,
-       (SELECT state FROM runtime.turn WHERE agent_id = %(agent_id)s AND id = %(memory_id)s) AS previous_state
+SELECT t.state, t.attempts, t.response_id, t.lease_token, (SELECT state FROM prev) AS previous_state
   FROM (SELECT 1) AS one LEFT JOIN t ON true;
 
 -- recent_messages --
@@ -79,30 +87,36 @@ SELECT m.id, m.entity_id, m.content, m.created_at, e.names
  LIMIT %(limit)s;
 
 -- save_reply --
--- Stores the reply only while this turn still holds the room's lease; a turn
--- that lost it to a newer message is marked superseded instead.
+-- Stores the reply only while this turn holds the room's lease. A turn that
+-- lost the room to a newer message is marked superseded; one whose lease was
+-- taken over by a copy of the same message (lease_token changed) is left to
+-- that copy and this statement returns no row.
 WITH lease AS (
-    SELECT 1 FROM runtime.room
-     WHERE agent_id = %(agent_id)s AND id = %(room_id)s AND turn_token = %(lease_token)s
+    SELECT EXISTS (SELECT 1 FROM runtime.room
+                    WHERE agent_id = %(agent_id)s AND id = %(room_id)s AND turn_token = %(lease_token)s) AS held
 ), m AS (
     INSERT INTO runtime.memory (agent_id, id, room_id, entity_id, kind, content, source, in_reply_to)
     SELECT %(agent_id)s, %(response_id)s, %(room_id)s, %(agent_id)s, 'messages', %(content)s, %(source)s,
            %(turn_id)s
-     WHERE EXISTS (SELECT 1 FROM lease)
+      FROM lease WHERE lease.held
     ON CONFLICT DO NOTHING
 )
 UPDATE runtime.turn
-   SET response_id = CASE WHEN EXISTS (SELECT 1 FROM lease) THEN %(response_id)s END,
-       state = CASE WHEN EXISTS (SELECT 1 FROM lease) THEN state ELSE 'superseded' END,
-       finished_at = CASE WHEN EXISTS (SELECT 1 FROM lease) THEN NULL ELSE clock_timestamp() END,
+   SET response_id = CASE WHEN lease.held THEN %(response_id)s::uuid END,
+       state = CASE WHEN lease.held THEN 'running' ELSE 'superseded' END,
+       finished_at = CASE WHEN lease.held THEN NULL ELSE clock_timestamp() END,
        trajectory = %(trajectory)s
- WHERE agent_id = %(agent_id)s AND id = %(turn_id)s AND state = 'running'
+  FROM lease
+ WHERE agent_id = %(agent_id)s AND id = %(turn_id)s AND state = 'running' AND lease_token = %(lease_token)s
 RETURNING state, response_id;
 
 -- finish_turn --
+-- Only the holder of the turn's lease finishes it; without a token (the last
+-- delivery failed) any running turn is finished.
 UPDATE runtime.turn
    SET state = %(state)s, error = %(error)s, finished_at = clock_timestamp()
  WHERE agent_id = %(agent_id)s AND id = %(turn_id)s AND state = 'running'
+   AND (%(lease_token)s::bigint IS NULL OR lease_token = %(lease_token)s)
 RETURNING state;
 
 -- get_memory --
