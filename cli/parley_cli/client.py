@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
+
 from parley.v1 import common_pb2, runtime_pb2, runtime_pb2_grpc
 from parley_platform.bus import Bus
 from parley_platform.errors import DeadlineExceeded, FailedPrecondition, NotFound, Unauthenticated

@@ -20,6 +20,7 @@ from typing import TextIO
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from parley_platform import infra
 
 from . import config

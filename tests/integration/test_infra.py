@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import nats
 import psycopg
 import pytest
+
 from parley_platform import infra
 from parley_platform.infra import Endpoints, InfraError
 

@@ -5,6 +5,7 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from parley_runtime.parser import (
     MAX_BODY_BYTES,
     MAX_DEPTH,

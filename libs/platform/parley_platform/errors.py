@@ -11,6 +11,7 @@ from enum import Enum
 from typing import ClassVar
 
 import grpc
+
 from parley.v1 import common_pb2
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
 from parley.v1 import model_pb2
 from parley_platform.errors import FailedPrecondition, InvalidArgument
 from parley_platform.metrics import LATENCY_BUCKETS
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .provider import Provider, ProviderRequest
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from functools import partial
 
+from prometheus_client import CollectorRegistry
+
 from parley.v1 import model_pb2, model_pb2_grpc
 from parley_platform.bus import Bus
 from parley_platform.errors import InvalidArgument
@@ -14,7 +16,6 @@ from parley_platform.logging import get_logger
 from parley_platform.metrics import MessagingMetrics, MetricsServer, serve
 from parley_platform.rpc import RpcServer
 from parley_platform.service import grpc_binding, register_nats
-from prometheus_client import CollectorRegistry
 
 from .api import MODEL_TYPES, GatewayApi, GatewayMetrics
 from .config import GatewaySettings

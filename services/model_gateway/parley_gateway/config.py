@@ -2,8 +2,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parley_platform.settings import Settings
 from pydantic import Field
+
+from parley_platform.settings import Settings
 
 
 class GatewaySettings(Settings):

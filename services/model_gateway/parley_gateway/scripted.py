@@ -17,8 +17,9 @@ from typing import Any
 from xml.sax.saxutils import escape
 
 import yaml
-from parley_platform.errors import InvalidArgument
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from parley_platform.errors import InvalidArgument
 
 from .provider import Completion, ProviderRequest
 

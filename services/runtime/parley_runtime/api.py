@@ -9,6 +9,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
+
 from parley.v1 import runtime_pb2
 from parley_platform.bus import Bus
 from parley_platform.errors import DeadlineExceeded, InvalidArgument, NotFound

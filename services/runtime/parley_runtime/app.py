@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from functools import partial
 
+from prometheus_client import CollectorRegistry
+
 from parley.v1 import runtime_pb2, runtime_pb2_grpc
 from parley_platform.bus import Bus, ConsumerSpec
 from parley_platform.consumer import PullConsumer
@@ -16,7 +18,6 @@ from parley_platform.metrics import MessagingMetrics, MetricsServer, serve
 from parley_platform.postgres import Database, migrate
 from parley_platform.rpc import RpcClient, RpcServer
 from parley_platform.service import grpc_binding, register_nats
-from prometheus_client import CollectorRegistry
 
 from .api import API_SOURCE, ReplyWaiters, RuntimeApi
 from .character import load_characters

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from parley_platform.errors import InvalidArgument
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from parley_platform.errors import InvalidArgument
 
 from . import ids
 

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from parley_platform.postgres import Database, Row, load_queries
 from psycopg.types.json import Jsonb
+
+from parley_platform.postgres import Database, Row, load_queries
 
 SQL_DIR = Path(__file__).parent / "sql"
 MIGRATIONS_DIR = SQL_DIR / "migrations"

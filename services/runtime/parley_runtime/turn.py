@@ -16,14 +16,15 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from psycopg.types.json import Jsonb
+
 from parley.v1 import model_pb2, runtime_pb2
 from parley_platform.bus import Bus
 from parley_platform.consumer import Delivery, Poison
 from parley_platform.logging import get_logger
 from parley_platform.metrics import LATENCY_BUCKETS
 from parley_platform.rpc import RpcClient
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from psycopg.types.json import Jsonb
 
 from . import ids
 from .character import Character
