@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import nats.js.errors
 import psycopg
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
@@ -130,14 +131,17 @@ async def publish_inbound(bus: Bus, message: runtime_pb2.InboundMessage, msg_id:
 
 async def stream_messages(bus: Bus, subject: str) -> list[Msg]:
     """Every message stored on ``subject`` so far, read from the stream (not a live subscription)."""
+    stream = await bus.js.find_stream_name_by_subject(subject)
+    try:
+        last = (await bus.js.get_last_msg(stream, subject)).seq
+    except nats.js.errors.NotFoundError:
+        return []
     sub = await bus.js.subscribe(
         subject, ordered_consumer=True, config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
     )
     found: list[Msg] = []
     try:
-        info = await sub.consumer_info()
-        pending = info.num_pending
-        while len(found) < pending:
+        while not found or found[-1].metadata.sequence.stream < last:
             found.append(await sub.next_msg(timeout=5))
     finally:
         await sub.unsubscribe()

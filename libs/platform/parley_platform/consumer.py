@@ -147,7 +147,7 @@ class PullConsumer:
             self.metrics.received.labels(self._label).inc()
             self.metrics.inflight.labels(self._label).inc()
         try:
-            await self.handler(delivery)
+            await self._with_heartbeat(delivery)
             await msg.ack()
         except asyncio.CancelledError:
             outcome = "cancelled"
@@ -186,6 +186,22 @@ class PullConsumer:
             if self.metrics:
                 self.metrics.inflight.labels(self._label).dec()
                 self.metrics.processed.labels(self._label, outcome).observe(time.perf_counter() - started)
+
+    async def _with_heartbeat(self, delivery: Delivery) -> None:
+        """Run the handler, telling the server every third of ``ack_wait`` that work goes on,
+        so a long turn is not redelivered to another replica while it is alive."""
+        task = asyncio.ensure_future(self.handler(delivery))
+        interval = max(0.1, self.spec.ack_wait_seconds / 3)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=interval)
+                if done:
+                    task.result()
+                    return
+                await delivery.in_progress()
+        finally:
+            if not task.done():
+                task.cancel()
 
     async def dead_letter(self, delivery: Delivery, reason: str, label: str) -> None:
         headers = {

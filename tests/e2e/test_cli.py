@@ -1,0 +1,132 @@
+"""The `parley` command as a user runs it: a real process against the real suite."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from parley_platform import infra
+from parley_platform.infra import free_port
+from support import ROOT, Suite
+
+PARLEY = str(Path(sys.executable).parent / "parley")
+
+
+def cli_env(suite: Suite, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PARLEY_")}
+    env.update(
+        PARLEY_NATS_URL=suite.env.nats_url,
+        PARLEY_NAMESPACE=suite.namespace,
+        PARLEY_OPERATOR_TOKEN=suite.env.token,
+        PARLEY_RUNTIME_ADDR=f"127.0.0.1:{suite.runtime.grpc_port}",
+    )
+    env.update(extra)
+    return env
+
+
+def run(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PARLEY, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_send_prints_the_reply(suite: Suite) -> None:
+    result = run(["send", "--agent", "default", "hello from the cli"], cli_env(suite))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "You said: hello from the cli"
+
+
+def test_send_times_out_with_a_clear_message(suite: Suite) -> None:
+    result = run(["send", "--timeout", "0.5", "please be slow"], cli_env(suite))
+    assert result.returncode == 1
+    assert "no reply within 0.5s" in result.stderr
+
+
+def test_send_to_an_unknown_agent_fails_clearly(suite: Suite) -> None:
+    result = run(["send", "--agent", "nobody", "hi"], cli_env(suite))
+    assert result.returncode == 1
+    assert "no agent named 'nobody'" in result.stderr
+    assert "parley agents" in result.stderr
+
+
+def test_agents_lists_the_default_agent(suite: Suite) -> None:
+    result = run(["agents"], cli_env(suite))
+    assert result.returncode == 0, result.stderr
+    assert "default" in result.stdout
+
+
+def test_wrong_token_is_refused(suite: Suite) -> None:
+    result = run(["agents"], cli_env(suite, PARLEY_OPERATOR_TOKEN="wrong"))
+    assert result.returncode == 1
+    assert "invalid bearer token" in result.stderr
+
+
+def test_runtime_not_running_is_reported(suite: Suite) -> None:
+    result = run(["agents"], cli_env(suite, PARLEY_RUNTIME_ADDR=f"127.0.0.1:{free_port()}"))
+    assert result.returncode == 1
+    assert "not reachable" in result.stderr
+    assert "make run" in result.stderr
+
+
+@pytest.mark.slow
+def test_parley_run_brings_everything_up_and_ctrl_c_stops_it() -> None:
+    """`make run` on a machine with nothing configured: embedded NATS and Postgres, both services,
+    a reply to `parley send`, and Ctrl-C stopping all of it, infrastructure included."""
+    state = Path(tempfile.mkdtemp(prefix="parley-run-"))
+    state.chmod(0o755)  # the embedded Postgres runs as the postgres user when we are root
+    ports = {
+        name: str(free_port())
+        for name in ("RUNTIME_GRPC", "RUNTIME_METRICS", "GATEWAY_GRPC", "GATEWAY_METRICS")
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PARLEY_")}
+    env.update({f"PARLEY_{name}_PORT": port for name, port in ports.items()})
+    env.update(
+        PARLEY_STATE_DIR=str(state),
+        PARLEY_RUNTIME_ADDR=f"127.0.0.1:{ports['RUNTIME_GRPC']}",
+        PARLEY_CHARACTERS_DIR=str(ROOT / "characters"),
+    )
+    supervisor = subprocess.Popen(
+        [PARLEY, "run"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    output: list[str] = []
+    try:
+        assert supervisor.stdout is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = supervisor.stdout.readline()
+            if not line:
+                break
+            output.append(line)
+            if "Parley is running." in line:
+                break
+        assert any("Parley is running." in line for line in output), "".join(output)
+        assert (state / "logs" / "runtime.log").exists()
+
+        result = run(["send", "hello, make run"], env)
+        assert result.returncode == 0, result.stderr + "".join(output)
+        assert result.stdout.strip() == "You said: hello, make run"
+        assert infra.status(state)["nats"]["running"] is True  # type: ignore[index]
+
+        started = time.monotonic()
+        supervisor.send_signal(signal.SIGINT)
+        rest, _ = supervisor.communicate(timeout=30)
+        assert supervisor.returncode == 0, rest
+        assert time.monotonic() - started < 20
+        assert "parley run: stopped." in rest
+        status = infra.status(state)
+        assert status["nats"]["running"] is False  # type: ignore[index]
+        assert status["postgres"]["running"] is False  # type: ignore[index]
+        for port in ports.values():
+            assert infra.port_free(int(port))
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait()
+        infra.down(state)

@@ -1,0 +1,65 @@
+"""A runtime killed with SIGKILL mid-turn: the message is answered exactly once after a restart."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+
+from parley_platform.testing import ServiceProcess, eventually
+from support import Suite, inbound, inbound_settled, publish_inbound, replies_to, turn_of
+
+
+async def test_runtime_killed_mid_turn_answers_exactly_once(isolated_suite: Suite) -> None:
+    suite = await isolated_suite.start(runtimes=1, PARLEY_ACK_WAIT_SECONDS="2")
+    bus = await suite.connect()
+    try:
+        message = inbound("please be slow")  # the scripted model takes 2.5 s for this one
+        await publish_inbound(bus, message)
+
+        async def running() -> bool:
+            return turn_of(suite.env.database_url, message) == ("running", 1)
+
+        await eventually(running, timeout=20, what="the turn to start")
+        suite.runtime.kill()
+        assert await replies_to(bus, message) == []
+
+        await suite.add_runtime(PARLEY_ACK_WAIT_SECONDS="2")
+        replies = await eventually(lambda: replies_to(bus, message), timeout=30, what="a reply after restart")
+        assert [r.text for r in replies] == ["Sorry for the wait."]
+
+        await eventually(lambda: inbound_settled(bus), timeout=20, what="the redelivery acked")
+        assert len(await replies_to(bus, message)) == 1
+        assert turn_of(suite.env.database_url, message) == ("replied", 2)
+    finally:
+        await bus.close()
+
+
+async def test_two_replicas_share_the_load_and_answer_each_message_once(isolated_suite: Suite) -> None:
+    suite = await isolated_suite.start(runtimes=2)
+    bus = await suite.connect()
+    try:
+        messages = [inbound(f"message {i}", channel=f"room-{i % 10}") for i in range(60)]
+        for message in messages:
+            await publish_inbound(bus, message)
+        await eventually(lambda: inbound_settled(bus), timeout=60, what="all messages handled")
+        outcomes = {turn_of(suite.env.database_url, m)[0] for m in messages}  # type: ignore[index]
+        assert outcomes <= {"replied", "superseded"}
+        for message in messages:
+            replies = await replies_to(bus, message)
+            state = turn_of(suite.env.database_url, message)
+            assert state is not None
+            assert len(replies) == (1 if state[0] == "replied" else 0)
+        handled = [turns_handled(process) for process in suite.runtimes]
+        assert sum(handled) >= len(messages)
+        assert all(count > 0 for count in handled), handled
+    finally:
+        await bus.close()
+
+
+def turns_handled(process: ServiceProcess) -> float:
+    port = process.env["PARLEY_RUNTIME_METRICS_PORT"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(
+        float(v) for v in re.findall(r'^parley_turns_total\{outcome="[a-z]+"\} ([0-9.e+]+)$', text, re.M)
+    )
