@@ -66,14 +66,17 @@ def load_rules(path: Path) -> list[Rule]:
         raise InvalidArgument(
             f"{path.name}: expected a list of rules (or {{rules: [...]}})", code="SCRIPTED_RULES_INVALID"
         )
-    try:
-        return [Rule.model_validate(item) for item in items]
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InvalidArgument(
-            f"{path.name}: rule field {where}: {first['msg']}", code="SCRIPTED_RULES_INVALID"
-        ) from exc
+    rules = []
+    for index, item in enumerate(items):
+        try:
+            rules.append(Rule.model_validate(item))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise InvalidArgument(
+                f"{path.name}: rule {index} field {where}: {first['msg']}", code="SCRIPTED_RULES_INVALID"
+            ) from exc
+    return rules
 
 
 class _Missing(dict[str, Any]):

@@ -1,0 +1,57 @@
+# Parley: `make run` brings the suite up on this machine; `make test` runs every test.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+
+.PHONY: install run test lint typecheck unit e2e bench gen fmt infra-up infra-down infra-status clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Parley needs Python 3.11, found {sys.version.split()[0]} (set PYTHON=...)"'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+run: install  ## the whole suite, embedded NATS/Postgres unless PARLEY_NATS_URL/PARLEY_DATABASE_URL are set
+	$(BIN)/parley run
+
+test: install lint typecheck  ## every test, infrastructure included
+	$(BIN)/pytest
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy
+
+unit: install
+	$(BIN)/pytest tests/unit
+
+e2e: install
+	$(BIN)/pytest tests/e2e
+
+bench: install  ## benchmarks (not timed tests); each prints a JSON line last
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+gen: install  ## regenerate the protobuf code under libs/proto
+	$(BIN)/python tools/gen_proto.py
+
+fmt: install
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+infra-up: install
+	$(BIN)/parley infra up
+
+infra-down: install
+	$(BIN)/parley infra down
+
+infra-status: install
+	$(BIN)/parley infra status
+
+clean: infra-down
+	rm -rf .parley .mypy_cache .ruff_cache .pytest_cache .hypothesis

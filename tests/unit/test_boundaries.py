@@ -1,0 +1,48 @@
+"""Services share only libs/ and proto/: no service imports another, nor the CLI."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from support import ROOT
+
+PACKAGES = {
+    "parley_runtime": ROOT / "services" / "runtime" / "parley_runtime",
+    "parley_gateway": ROOT / "services" / "model_gateway" / "parley_gateway",
+    "parley_platform": ROOT / "libs" / "platform" / "parley_platform",
+    "parley_cli": ROOT / "cli" / "parley_cli",
+}
+SERVICES = {"parley_runtime", "parley_gateway"}
+ALLOWED = {
+    "parley_runtime": {"parley", "parley_platform", "parley_runtime"},
+    "parley_gateway": {"parley", "parley_platform", "parley_gateway"},
+    "parley_platform": {"parley", "parley_platform"},
+    "parley_cli": {"parley", "parley_platform", "parley_cli"},
+}
+
+
+def _first_party_imports(package: Path) -> set[tuple[str, str]]:
+    found = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                top = name.split(".")[0]
+                if top.startswith("parley"):
+                    found.add((path.name, top))
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_imports_stay_inside_their_boundary(package: str) -> None:
+    imports = _first_party_imports(PACKAGES[package])
+    assert imports, f"{package}: found no imports at all; is the path right?"
+    crossing = sorted((file, top) for file, top in imports if top not in ALLOWED[package])
+    assert crossing == [], f"{package} imports across a boundary: {crossing}"
