@@ -8,6 +8,8 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from .errors import FailedPrecondition
+
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -26,8 +28,15 @@ class MetricsServer:
         self.thread.join(timeout=5)
 
 
-def serve(registry: CollectorRegistry, host: str, port: int) -> MetricsServer:
-    server, thread = start_http_server(port, addr=host, registry=registry)
+def serve(registry: CollectorRegistry, host: str, port: int, *, port_setting: str = "") -> MetricsServer:
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise FailedPrecondition(
+            f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}",
+            code="PORT_IN_USE",
+            hint=f"set {port_setting} to a free port" if port_setting else "choose a free metrics port",
+        ) from exc
     return MetricsServer(server, thread)
 
 

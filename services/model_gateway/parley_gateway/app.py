@@ -61,7 +61,9 @@ class GatewayApp:
             port=s.gateway_grpc_port,
             token=s.operator_token.get_secret_value(),
         )
-        self.metrics_server = serve(self.registry, s.metrics_host, s.gateway_metrics_port)
+        self.metrics_server = serve(
+            self.registry, s.metrics_host, s.gateway_metrics_port, port_setting="PARLEY_GATEWAY_METRICS_PORT"
+        )
         log.info(
             "model gateway ready",
             grpc_port=self.grpc.port,

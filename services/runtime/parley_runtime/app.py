@@ -109,7 +109,9 @@ class RuntimeApp:
             metrics=messaging,
         )
         await self.consumer.start()
-        self.metrics_server = serve(self.registry, s.metrics_host, s.runtime_metrics_port)
+        self.metrics_server = serve(
+            self.registry, s.metrics_host, s.runtime_metrics_port, port_setting="PARLEY_RUNTIME_METRICS_PORT"
+        )
         log.info(
             "runtime ready",
             grpc_port=self.grpc.port,

@@ -21,9 +21,10 @@ Q = load_queries(SQL_DIR / "queries.sql")
 class Ingested:
     state: str | None  # the turn's state after ingest; None when it had already finished
     previous_state: str | None  # None for a message seen for the first time
+    previous_response_id: uuid.UUID | None
     attempts: int
     lease_token: int | None
-    response_id: uuid.UUID | None
+    history: list[dict[str, Any]]  # the room's recent messages, oldest first
 
 
 class RuntimeStore:
@@ -50,22 +51,11 @@ class RuntimeStore:
         return Ingested(
             state=row["state"],
             previous_state=row["previous_state"],
+            previous_response_id=row["previous_response_id"],
             attempts=row["attempts"] or 0,
             lease_token=row["lease_token"],
-            response_id=row["response_id"],
+            history=row["history"],
         )
-
-    async def recent_messages(
-        self, agent_id: uuid.UUID, room_id: uuid.UUID, exclude_id: uuid.UUID, limit: int
-    ) -> list[Row]:
-        if limit == 0:
-            return []
-        rows = await self.db.fetchall(
-            Q["recent_messages"],
-            {"agent_id": agent_id, "room_id": room_id, "exclude_id": exclude_id, "limit": limit},
-            what="recent messages",
-        )
-        return list(reversed(rows))
 
     async def save_reply(
         self,

@@ -190,10 +190,21 @@ class TurnProcessor:
                 "memory_id": turn_id,
                 "content": Jsonb(content),
                 "external_id": inbound.message_id,
+                "history": self.recent_messages,
             }
         )
         self.metrics.stage.labels("ingest").observe(time.perf_counter() - t0)
         if ingested.state is None:
+            if ingested.previous_state == "replied" and delivery.num_delivered > 1:
+                # Redelivered after the reply was stored: it may not have been published. Publish
+                # the stored reply again under its id; JetStream drops it if it was.
+                assert ingested.previous_response_id is not None
+                stored = await self.store.get_memory(agent.id, ingested.previous_response_id)
+                if stored is not None:
+                    await self._publish(
+                        inbound, agent, room_id, ingested.previous_response_id, stored["content"]
+                    )
+                    return "republished"
             log.info(
                 "duplicate message, turn already finished",
                 agent_id=str(agent.id),
@@ -204,19 +215,13 @@ class TurnProcessor:
         if ingested.state == "superseded":
             self.metrics.superseded.inc()
             return "superseded"
-        assert ingested.lease_token is not None
+        if ingested.lease_token is None:
+            log.info("a copy of this message holds the turn", agent_id=str(agent.id), turn_id=str(turn_id))
+            return "duplicate"
         response_id = ids.response_id(turn_id)
-        if ingested.response_id is not None:
-            # A retry after the reply was stored: publish the stored reply again (deduplicated by id).
-            stored = await self.store.get_memory(agent.id, ingested.response_id)
-            if stored is not None:
-                await self._publish(inbound, agent, room_id, ingested.response_id, stored["content"])
-                await self.store.finish_turn(agent.id, turn_id, "replied", lease_token=ingested.lease_token)
-                return "replied"
 
         t0 = time.perf_counter()
-        history = await self.store.recent_messages(agent.id, room_id, turn_id, self.recent_messages)
-        lines = [Line(self._speaker(agent, row), row["content"].get("text", "")) for row in history]
+        lines = [Line(self._speaker(agent, row), row["text"] or "") for row in ingested.history]
         segments = build_turn_prompt(agent.character, lines, Line(sender_name, inbound.text))
         request = model_pb2.GenerateRequest(
             agent_id=str(agent.id),
@@ -270,16 +275,14 @@ class TurnProcessor:
             log.info("reply discarded: a newer message arrived", agent_id=str(agent.id), turn_id=str(turn_id))
             return "superseded"
         await self._publish(inbound, agent, room_id, response_id, reply)
-        await self.store.finish_turn(agent.id, turn_id, "replied", lease_token=ingested.lease_token)
         self.metrics.stage.labels("deliver").observe(time.perf_counter() - t0)
         return "replied"
 
     @staticmethod
     def _speaker(agent: AgentInfo, row: dict[str, Any]) -> str:
-        if row["entity_id"] == agent.id:
+        if row["entity_id"] == str(agent.id):
             return agent.character.name
-        names = row.get("names") or []
-        return str(names[0]) if names else "user"
+        return str(row["name"] or "user")
 
     async def _publish(
         self,

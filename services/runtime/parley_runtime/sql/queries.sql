@@ -27,7 +27,7 @@ SELECT id, name, enabled, character, created_at
 -- superseded), and a copy of a message (republished or redelivered) takes it
 -- over from its earlier copy. A finished turn takes nothing.
 WITH prev AS (
-    SELECT stream_seq, state FROM runtime.turn WHERE agent_id = %(agent_id)s AND id = %(memory_id)s
+    SELECT stream_seq, state, response_id FROM runtime.turn WHERE agent_id = %(agent_id)s AND id = %(memory_id)s
 ), msg AS (
     SELECT coalesce((SELECT stream_seq FROM prev), %(stream_seq)s) AS seq,
            coalesce((SELECT state IN ('received', 'running') FROM prev), true) AS open
@@ -66,31 +66,36 @@ WITH prev AS (
            CASE WHEN (SELECT turn_token FROM r) IS NULL THEN 'superseded' ELSE 'running' END,
            (SELECT turn_token FROM r)
       FROM msg WHERE msg.open
+    -- A copy that did not get the room (it raced a copy that did, or a newer message
+    -- took the room) leaves the running turn to whoever holds it.
     ON CONFLICT (agent_id, id) DO UPDATE
        SET attempts = turn.attempts + 1,
-           lease_token = excluded.lease_token,
-           state = excluded.state,
-           finished_at = CASE WHEN excluded.state = 'superseded' THEN clock_timestamp() END
+           lease_token = coalesce(excluded.lease_token, turn.lease_token)
      WHERE turn.state IN ('received', 'running')
-    RETURNING state, attempts, response_id, lease_token
+    RETURNING state, attempts, response_id
 )
-SELECT t.state, t.attempts, t.response_id, t.lease_token, (SELECT state FROM prev) AS previous_state
+SELECT t.state, t.attempts, t.response_id, (SELECT turn_token FROM r) AS lease_token,
+       (SELECT state FROM prev) AS previous_state,
+       (SELECT response_id FROM prev) AS previous_response_id,
+       -- The room's recent messages, oldest first, for the prompt (none when the turn is not run).
+       (SELECT coalesce(jsonb_agg(h ORDER BY h.created_at, h.id), '[]'::jsonb)
+          FROM (SELECT m.id, m.entity_id, m.content ->> 'text' AS text, m.created_at, e.names[1] AS name
+                  FROM runtime.memory m
+                  LEFT JOIN runtime.entity e ON e.agent_id = m.agent_id AND e.id = m.entity_id
+                 WHERE t.state = 'running'
+                   AND m.agent_id = %(agent_id)s AND m.room_id = %(room_id)s AND m.kind = 'messages'
+                   AND m.id <> %(memory_id)s
+                 ORDER BY m.created_at DESC, m.id DESC
+                 LIMIT %(history)s) AS h) AS history
   FROM (SELECT 1) AS one LEFT JOIN t ON true;
 
--- recent_messages --
-SELECT m.id, m.entity_id, m.content, m.created_at, e.names
-  FROM runtime.memory m
-  LEFT JOIN runtime.entity e ON e.agent_id = m.agent_id AND e.id = m.entity_id
- WHERE m.agent_id = %(agent_id)s AND m.room_id = %(room_id)s AND m.kind = 'messages'
-   AND m.id <> %(exclude_id)s
- ORDER BY m.created_at DESC, m.id DESC
- LIMIT %(limit)s;
-
 -- save_reply --
--- Stores the reply only while this turn holds the room's lease. A turn that
--- lost the room to a newer message is marked superseded; one whose lease was
--- taken over by a copy of the same message (lease_token changed) is left to
--- that copy and this statement returns no row.
+-- Stores the reply and finishes the turn as replied, only while this turn holds
+-- the room's lease. A turn that lost the room to a newer message is marked
+-- superseded; one whose lease was taken over by a copy of the same message
+-- (lease_token changed) is left to that copy and this statement returns no row.
+-- The reply is published after this; a redelivery of a replied turn publishes
+-- the stored reply again under the same id, so JetStream drops the copy.
 WITH lease AS (
     SELECT EXISTS (SELECT 1 FROM runtime.room
                     WHERE agent_id = %(agent_id)s AND id = %(room_id)s AND turn_token = %(lease_token)s) AS held
@@ -103,8 +108,8 @@ WITH lease AS (
 )
 UPDATE runtime.turn
    SET response_id = CASE WHEN lease.held THEN %(response_id)s::uuid END,
-       state = CASE WHEN lease.held THEN 'running' ELSE 'superseded' END,
-       finished_at = CASE WHEN lease.held THEN NULL ELSE clock_timestamp() END,
+       state = CASE WHEN lease.held THEN 'replied' ELSE 'superseded' END,
+       finished_at = clock_timestamp(),
        trajectory = %(trajectory)s
   FROM lease
  WHERE agent_id = %(agent_id)s AND id = %(turn_id)s AND state = 'running' AND lease_token = %(lease_token)s

@@ -1,0 +1,95 @@
+"""Shared pieces of the benchmarks: infrastructure, service processes, statistics, the report."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from parley_platform import infra
+from parley_platform.testing import create_database, drop_database
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class BenchEnv:
+    nats_url: str
+    database_url: str
+    server_database_url: str
+    namespace: str
+    logs: Path
+
+
+@contextmanager
+def bench_env() -> Iterator[BenchEnv]:
+    """Real NATS and Postgres (from PARLEY_TEST_* URLs, or embedded), with a database and namespace of its own."""
+    root = Path(tempfile.mkdtemp(prefix="parley-bench-"))
+    with infra.session_infra(root) as endpoints:
+        suffix = secrets.token_hex(4)
+        name = f"parley_bench_{suffix}"
+        url = create_database(endpoints.database_url, name)
+        try:
+            yield BenchEnv(endpoints.nats_url, url, endpoints.database_url, f"b{suffix}", root / "logs")
+        finally:
+            drop_database(endpoints.database_url, name)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+@dataclass
+class Series:
+    """Latencies (seconds) of one measured operation, with the wall time they took."""
+
+    name: str
+    latencies: list[float]
+    wall: float
+
+    @property
+    def rate(self) -> float:
+        return len(self.latencies) / self.wall if self.wall else float("nan")
+
+    @property
+    def p50_ms(self) -> float:
+        return statistics.median(self.latencies) * 1000
+
+    @property
+    def p99_ms(self) -> float:
+        return percentile(self.latencies, 99) * 1000
+
+    def figures(self) -> dict[str, float]:
+        return {"ops_per_s": round(self.rate, 1), "p50_ms": round(self.p50_ms, 3), "p99_ms": round(self.p99_ms, 3),
+                "n": len(self.latencies)}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+
+def report(title: str, rows: list[Series], summary: dict[str, object]) -> None:
+    print(f"\n{title}")
+    print(f"{'measure':<44} {'ops/s':>10} {'p50 ms':>9} {'p99 ms':>9} {'n':>6}")
+    for row in rows:
+        print(f"{row.name:<44} {row.rate:>10.1f} {row.p50_ms:>9.3f} {row.p99_ms:>9.3f} {len(row.latencies):>6}")
+    for key, value in summary.items():
+        if not isinstance(value, dict):
+            print(f"{key}: {value}")
+    sys.stdout.flush()
+    print(json.dumps(summary, sort_keys=True))

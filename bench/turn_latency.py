@@ -1,0 +1,194 @@
+"""Turn latency and throughput through the real pipeline, against its own floor.
+
+A client publishes inbound messages to JetStream and waits for each reply on the
+outbound subject; the runtime and model gateway run as real processes, the
+scripted model answers at zero latency. In the same run it measures the floor:
+the raw round trips one turn cannot avoid — a JetStream publish→consume (the
+inbound message), a NATS request/reply (the model call), four SQL statements
+(ingest, recent messages, save reply, finish turn) and a JetStream publish (the
+reply) — and reports the ratio of a turn to the sum of those.
+
+Usage: python bench/turn_latency.py [--sequential 300] [--concurrent 2000] [--in-flight 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import sys
+import time
+import uuid
+
+import psycopg
+from nats.js.api import AckPolicy, ConsumerConfig
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+
+from _common import ROOT, BenchEnv, Series, bench_env, report  # noqa: E402
+
+from parley.v1 import runtime_pb2  # noqa: E402
+from parley_platform.bus import Bus  # noqa: E402
+from parley_platform.infra import free_port  # noqa: E402
+from parley_platform.testing import ServiceProcess  # noqa: E402
+
+AGENT_ID = str(uuid.uuid5(uuid.UUID("6f1f3f3e-6a0c-5b8e-9a57-5061726c6579"), "agent:default"))
+SQL_PER_TURN = 4
+
+
+async def timed(n: int, in_flight: int, op: object) -> Series:
+    """Run ``op(i)`` n times with at most ``in_flight`` at once; latencies per call."""
+    latencies: list[float] = []
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(n):
+        queue.put_nowait(i)
+
+    async def worker(slot: int) -> None:
+        while not queue.empty():
+            i = queue.get_nowait()
+            started = time.perf_counter()
+            await op(i, slot)  # type: ignore[operator]
+            latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(s) for s in range(in_flight)))
+    return Series("", latencies, time.perf_counter() - started)
+
+
+async def floors(env: BenchEnv, bus: Bus, n: int, in_flight: int) -> dict[str, Series]:
+    results: dict[str, Series] = {}
+    stream = f"{env.namespace.upper()}_FLOOR"
+    subject = f"{env.namespace}.floor.js"
+    await bus.js.add_stream(name=stream, subjects=[subject])
+    await bus.js.add_consumer(stream, ConsumerConfig(durable_name="floor", ack_policy=AckPolicy.EXPLICIT))
+    sub = await bus.js.pull_subscribe_bind("floor", stream)
+    lock = asyncio.Lock()
+
+    async def js_roundtrip(i: int, slot: int) -> None:
+        await bus.js.publish(subject, b"x" * 120)
+        async with lock:
+            [msg] = await sub.fetch(1, timeout=5)
+        await msg.ack()
+
+    async def js_publish(i: int, slot: int) -> None:
+        await bus.js.publish(subject, b"x" * 120)
+
+    async def echo(msg: object) -> None:
+        await msg.respond(msg.data)  # type: ignore[attr-defined]
+
+    await bus.nc.subscribe(f"{env.namespace}.floor.rr", cb=echo)
+
+    async def request_reply(i: int, slot: int) -> None:
+        await bus.nc.request(f"{env.namespace}.floor.rr", b"x" * 200, timeout=5)
+
+    conns = [await psycopg.AsyncConnection.connect(env.database_url, autocommit=True) for _ in range(16)]
+    await conns[0].execute("CREATE TABLE IF NOT EXISTS bench_floor (id int PRIMARY KEY, n bigint NOT NULL)")
+    await conns[0].execute("INSERT INTO bench_floor SELECT g, 0 FROM generate_series(0, 63) g ON CONFLICT DO NOTHING")
+
+    async def sql(i: int, slot: int) -> None:
+        conn = conns[slot % len(conns)]
+        await conn.execute("UPDATE bench_floor SET n = n + 1 WHERE id = %s RETURNING n", (slot,), prepare=True)
+
+    for name, op in [("js publish→consume", js_roundtrip), ("js publish", js_publish),
+                     ("nats request/reply", request_reply), ("sql statement", sql)]:
+        await timed(min(n, 100), 1, op)  # warm-up
+        seq = await timed(n, 1, op)
+        seq.name = f"floor: {name}, sequential"
+        results[f"{name}:1"] = seq
+        conc = await timed(n * 4, in_flight if name != "js publish→consume" else 1, op)
+        conc.name = f"floor: {name}, {in_flight if name != 'js publish→consume' else 1} in flight"
+        results[f"{name}:n"] = conc
+    for conn in conns:
+        await conn.close()
+    await bus.js.delete_stream(stream)
+    return results
+
+
+class Client:
+    """A connector that publishes inbound messages and matches replies by message id."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.waiting: dict[str, asyncio.Future[None]] = {}
+
+    async def start(self) -> None:
+        async def on_reply(msg: object) -> None:
+            reply = runtime_pb2.OutboundMessage.FromString(msg.data)  # type: ignore[attr-defined]
+            future = self.waiting.pop(reply.in_reply_to, None)
+            if future and not future.done():
+                future.set_result(None)
+
+        await self.bus.nc.subscribe(self.bus.subjects.outbound(AGENT_ID, "bench"), cb=on_reply)
+
+    async def turn(self, i: int, slot: int) -> None:
+        message_id = secrets.token_hex(8)
+        future = asyncio.get_running_loop().create_future()
+        self.waiting[message_id] = future
+        inbound = runtime_pb2.InboundMessage(
+            agent_id=AGENT_ID, source="bench", message_id=message_id, sender_id=f"user-{slot}",
+            sender_name=f"User {slot}", channel_id=f"room-{slot}", room_type=runtime_pb2.ROOM_TYPE_DM,
+            text=f"message {i}")
+        await self.bus.publish(self.bus.subjects.inbound(AGENT_ID), inbound.SerializeToString(),
+                               msg_id=f"bench:{message_id}")
+        await asyncio.wait_for(future, 30)
+
+
+async def main(args: argparse.Namespace) -> None:
+    with bench_env() as env:
+        common = {"PARLEY_NATS_URL": env.nats_url, "PARLEY_DATABASE_URL": env.database_url,
+                  "PARLEY_NAMESPACE": env.namespace, "PARLEY_OPERATOR_TOKEN": secrets.token_hex(16),
+                  "PARLEY_CHARACTERS_DIR": str(ROOT / "characters"), "PARLEY_LOG_LEVEL": "WARNING",
+                  "PARLEY_ENVIRONMENT": "test"}
+        gw_port, rt_port = free_port(), free_port()
+        gateway = ServiceProcess("parley_gateway", {**common, "PARLEY_GATEWAY_GRPC_PORT": str(gw_port),
+                                                    "PARLEY_GATEWAY_METRICS_PORT": str(free_port())},
+                                 env.logs / "gateway.log", gw_port).start()
+        runtime = ServiceProcess("parley_runtime", {**common, "PARLEY_RUNTIME_GRPC_PORT": str(rt_port),
+                                                    "PARLEY_RUNTIME_METRICS_PORT": str(free_port())},
+                                 env.logs / "runtime.log", rt_port).start()
+        bus = await Bus.connect(env.nats_url, name="bench", namespace=env.namespace)
+        try:
+            await gateway.wait_ready()
+            await runtime.wait_ready()
+            client = Client(bus)
+            await client.start()
+            await timed(50, 1, client.turn)  # warm-up: connections, prepared statements
+            sequential = await timed(args.sequential, 1, client.turn)
+            sequential.name = "turn, sequential"
+            concurrent = await timed(args.concurrent, args.in_flight, client.turn)
+            concurrent.name = f"turn, {args.in_flight} in flight"
+            floor = await floors(env, bus, args.sequential, args.in_flight)
+        finally:
+            await bus.close()
+            runtime.stop()
+            gateway.stop()
+
+    def p50(key: str) -> float:
+        return floor[key].p50_ms
+
+    floor_seq_ms = p50("js publish→consume:1") + p50("nats request/reply:1") + SQL_PER_TURN * p50(
+        "sql statement:1") + p50("js publish:1")
+    # Throughput floor: each leg at its own concurrent rate, one after another for every turn.
+    per_turn_seconds = (1 / floor["js publish:n"].rate + 1 / floor["nats request/reply:n"].rate
+                        + SQL_PER_TURN / floor["sql statement:n"].rate + 1 / floor["js publish:n"].rate)
+    floor_rate = 1 / per_turn_seconds
+    summary = {
+        "benchmark": "turn_latency",
+        "turn_sequential": sequential.figures(),
+        "turn_concurrent": {**concurrent.figures(), "in_flight": args.in_flight},
+        "floor": {key: series.figures() for key, series in floor.items()},
+        "floor_turn_sequential_p50_ms": round(floor_seq_ms, 3),
+        "floor_turn_throughput_per_s": round(floor_rate, 1),
+        "ratio_to_floor": round(sequential.p50_ms / floor_seq_ms, 2),
+        "throughput_ratio_to_floor": round(concurrent.rate / floor_rate, 2),
+    }
+    report("Turn latency (scripted model, zero latency; 1 runtime, 1 gateway)",
+           [sequential, concurrent, *floor.values()], summary)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sequential", type=int, default=300)
+    parser.add_argument("--concurrent", type=int, default=2000)
+    parser.add_argument("--in-flight", type=int, default=64)
+    asyncio.run(main(parser.parse_args()))

@@ -1,0 +1,604 @@
+"""The deployment files: docker-compose.yml, Dockerfile, .dockerignore, deploy/.
+
+Structural checks that need neither a Docker engine nor the network. Where a
+validator is installed (the docker-compose binary or the compose v2 plugin,
+else jsonschema with the Compose specification's schema; promtool), the tests
+also run it, but they never depend on one: a fresh CI machine has none.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib
+import importlib.util
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+import yaml
+from pydantic_settings import BaseSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+PROMETHEUS = ROOT / "deploy" / "prometheus.yml"
+ALERTS = ROOT / "deploy" / "alerts.yml"
+# Where the metrics are defined; alert expressions may use nothing else.
+METRIC_SOURCES = (ROOT / "libs", ROOT / "services")
+INFRASTRUCTURE = ("nats", "postgres")
+REQUIRED_ALERTS = {"ServiceDown", "DeadLetters", "TurnsFailing", "SlowTurns", "ModelErrors"}
+# Metrics Prometheus makes itself, not the services.
+BUILTIN_METRICS = {"up"}
+# Labels Prometheus attaches to every target rather than the services.
+TARGET_LABELS = {"job", "instance"}
+# Files the image build needs from the source folders.
+BUILD_INPUT_SUFFIXES = {".py", ".pyi", ".sql", ".proto", ".yaml", ".yml", ".json", ".toml"}
+TEST_TOKEN = "deploy-test-token"
+
+PROMQL_KEYWORDS = {
+    "and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "offset",
+    "bool", "sum", "min", "max", "avg", "count", "stddev", "stdvar", "topk", "bottomk", "quantile",
+    "count_values", "group", "limitk", "limit_ratio", "inf", "nan",
+}  # fmt: skip
+
+
+# --- loading ---------------------------------------------------------------------------------------
+
+
+def load_yaml(path: Path) -> Any:
+    assert path.is_file(), f"{path.relative_to(ROOT)} is missing"
+    return yaml.safe_load(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    doc = load_yaml(COMPOSE)
+    assert isinstance(doc, dict)
+    assert isinstance(doc.get("services"), dict)
+    assert doc["services"]
+    return doc
+
+
+@pytest.fixture(scope="module")
+def prometheus() -> dict[str, Any]:
+    doc = load_yaml(PROMETHEUS)
+    assert isinstance(doc, dict)
+    return doc
+
+
+@pytest.fixture(scope="module")
+def alert_rules() -> list[dict[str, Any]]:
+    doc = load_yaml(ALERTS)
+    rules = [rule for group in doc["groups"] for rule in group["rules"]]
+    assert rules
+    return rules
+
+
+@pytest.fixture(scope="module")
+def source_text() -> str:
+    files = [path for root in METRIC_SOURCES for path in sorted(root.rglob("*.py"))]
+    assert files
+    return "\n".join(path.read_text() for path in files)
+
+
+def python_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The services built from this repository (the rest use published images)."""
+    found = {name: svc for name, svc in compose["services"].items() if "build" in svc}
+    assert {"runtime", "model-gateway"} <= set(found), sorted(found)
+    return found
+
+
+def command_argv(service: dict[str, Any]) -> list[str]:
+    command = service.get("command")
+    assert command, "a Parley service must say which module it runs"
+    return shlex.split(command) if isinstance(command, str) else [str(arg) for arg in command]
+
+
+def service_module(name: str, service: dict[str, Any]) -> str:
+    argv = command_argv(service)
+    assert argv[:2] == ["python", "-m"], f"{name}: command {argv} is not `python -m <module>`"
+    assert len(argv) >= 3, f"{name}: command {argv} names no module"
+    return argv[2]
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {str(key): "" if value is None else str(value) for key, value in env.items()}
+
+
+def interpolated_default(value: str) -> str:
+    """``${VAR:-default}`` → ``default``: what compose uses when VAR is unset."""
+    return re.sub(r"\$\{\w+:?-([^}]*)\}", r"\1", value)
+
+
+def port_setting(module: str, kind: str) -> tuple[str, int]:
+    """(environment variable, default) of the service's ``*_<kind>_port`` setting."""
+    config = importlib.import_module(f"{module}.config")
+    found: list[tuple[str, int]] = []
+    for value in vars(config).values():
+        if (
+            isinstance(value, type)
+            and issubclass(value, BaseSettings)
+            and value.__module__ == config.__name__
+        ):
+            prefix = str(value.model_config.get("env_prefix", ""))
+            for field_name, field in value.model_fields.items():
+                if field_name.endswith(f"_{kind}_port"):
+                    found.append(((prefix + field_name).upper(), int(field.default)))
+    assert len(found) == 1, f"{module}.config should define exactly one *_{kind}_port setting: {found}"
+    return found[0]
+
+
+def effective_port(service: dict[str, Any], module: str, kind: str) -> int:
+    variable, default = port_setting(module, kind)
+    value = environment(service).get(variable)
+    return int(interpolated_default(value)) if value else default
+
+
+def replicas(service: dict[str, Any]) -> int:
+    return int((service.get("deploy") or {}).get("replicas", 1))
+
+
+def fixed_host_port(entry: Any) -> str | None:
+    """The fixed host port a `ports` entry publishes, if any (ranges and ephemeral ports are not)."""
+    if isinstance(entry, dict):
+        published = str(entry.get("published") or "")
+    else:
+        spec = str(entry).split("/", 1)[0]
+        parts = spec.rsplit(":", 2)
+        published = parts[-2] if len(parts) >= 2 else ""
+    return published if published and "-" not in published else None
+
+
+# --- PromQL ----------------------------------------------------------------------------------------
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """Metric names an expression selects (not functions, keywords, labels or durations)."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'', '""', expr)
+    text = re.sub(r"\{[^}]*\}", " ", text)
+    text = re.sub(r"\[[^\]]*\]", " ", text)
+    text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    names = set()
+    for match in re.finditer(r"(?<![\w.])[A-Za-z_:][\w:]*", text):
+        name = match.group(0)
+        if name.lower() in PROMQL_KEYWORDS or re.match(r"\s*\(", text[match.end() :]):
+            continue
+        names.add(name)
+    return names
+
+
+def promql_matchers(expr: str) -> list[tuple[str, str, str]]:
+    """(label, operator, value) of every label matcher in an expression."""
+    found = []
+    for selector in re.findall(r"\{([^}]*)\}", expr):
+        for label, op, value in re.findall(r'(\w+)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"', selector):
+            found.append((label, op, value))
+    return found
+
+
+def defined_in_sources(metric: str, source_text: str) -> bool:
+    candidates = {metric}
+    for suffix in ("_bucket", "_sum", "_count", "_created"):
+        candidates |= {c.removesuffix(suffix) for c in candidates}
+    # prometheus_client appends `_total` to a counter declared without it.
+    candidates |= {c.removesuffix("_total") for c in candidates}
+    return any(f'"{name}"' in source_text or f"'{name}'" in source_text for name in candidates)
+
+
+def test_promql_helpers_read_the_expressions_they_are_given() -> None:
+    expr = 'histogram_quantile(0.99, sum by (le) (rate(x_seconds_bucket{a="b",c!~"d"}[5m] offset 1m))) > 5'
+    assert promql_metric_names(expr) == {"x_seconds_bucket"}
+    assert promql_matchers(expr) == [("a", "=", "b"), ("c", "!~", "d")]
+    assert promql_metric_names('absent(up{job="x"}) or absent(y_total) unless on (job) z') == {
+        "up",
+        "y_total",
+        "z",
+    }
+    assert defined_in_sources("x_seconds_bucket", 'Histogram("x_seconds", "help")')
+    assert defined_in_sources("y_total", "Counter('y', 'help')")
+    assert not defined_in_sources("z_total", '"zz_total"')
+    assert fixed_host_port("127.0.0.1::50051") is None
+    assert fixed_host_port("50051") is None
+    assert fixed_host_port("127.0.0.1:50052:50052") == "50052"
+    assert fixed_host_port("9000-9010:9101/tcp") is None
+    assert fixed_host_port({"target": 9101}) is None
+    assert fixed_host_port({"target": 9101, "published": 9101}) == "9101"
+
+
+# --- docker-compose.yml ----------------------------------------------------------------------------
+
+
+def test_python_services_build_from_this_folder_and_run_an_existing_module(compose: dict[str, Any]) -> None:
+    for name, service in python_services(compose).items():
+        build = service["build"]
+        context = build if isinstance(build, str) else build.get("context")
+        assert context in (".", "./"), f"{name}: builds from {build!r}, not the one Dockerfile in ."
+        if isinstance(build, dict):
+            assert build.get("dockerfile", "Dockerfile") == "Dockerfile", name
+        module = service_module(name, service)
+        assert importlib.util.find_spec(module) is not None, f"{name}: no module {module}"
+        assert importlib.util.find_spec(f"{module}.__main__") is not None, f"{name}: {module} has no __main__"
+        assert service.get("restart") == "unless-stopped", name
+
+
+def test_python_services_wait_for_healthy_infrastructure(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name, service in python_services(compose).items():
+        depends_on = service.get("depends_on")
+        assert isinstance(depends_on, dict), f"{name}: depends_on needs conditions, not a list"
+        for infra in INFRASTRUCTURE:
+            assert infra in services, f"compose has no {infra} service"
+            assert depends_on.get(infra, {}).get("condition") == "service_healthy", (
+                f"{name} must wait until {infra} is healthy"
+            )
+    # A `service_healthy` condition on a service without a healthcheck never comes true.
+    for name, service in services.items():
+        depends_on = service.get("depends_on") or {}
+        conditions = depends_on.items() if isinstance(depends_on, dict) else ()
+        for dependency, spec in conditions:
+            if (spec or {}).get("condition") == "service_healthy":
+                assert "healthcheck" in services[dependency], f"{name} waits on {dependency}'s healthcheck"
+
+
+def test_every_service_has_a_healthcheck_and_python_ones_probe_their_grpc_port(
+    compose: dict[str, Any],
+) -> None:
+    services = compose["services"]
+    for name, service in services.items():
+        check = service.get("healthcheck") or {}
+        test = check.get("test")
+        assert test, f"{name} has no healthcheck"
+        assert not check.get("disable"), name
+        assert isinstance(test, str) or test[0] in ("CMD", "CMD-SHELL"), f"{name}: {test}"
+    for name, service in python_services(compose).items():
+        test = service["healthcheck"]["test"]
+        argv = shlex.split(test) if isinstance(test, str) else [str(arg) for arg in test]
+        module = service_module(name, service)
+        variable, default = port_setting(module, "grpc")
+        port = str(effective_port(service, module, "grpc"))
+        assert any(variable in arg or port in arg for arg in argv), (
+            f"{name}: healthcheck does not probe its gRPC port ({variable}, {port}): {argv}"
+        )
+        if argv[:1] == ["CMD"] and argv[1:3] == ["python", "-c"]:
+            compile(argv[3], f"<{name} healthcheck>", "exec")  # a typo here keeps a service unhealthy
+            if variable in argv[4:]:
+                assert argv[argv.index(variable) + 1] == str(default), f"{name}: healthcheck default port"
+
+
+def test_runtime_runs_replicas_and_replicated_services_publish_no_fixed_host_port(
+    compose: dict[str, Any],
+) -> None:
+    services = compose["services"]
+    assert replicas(services["runtime"]) == 2
+    for name, service in services.items():
+        if replicas(service) > 1:
+            fixed = [entry for entry in service.get("ports") or [] if fixed_host_port(entry)]
+            assert not fixed, f"{name} has {replicas(service)} replicas but fixed host ports {fixed}"
+
+
+def test_services_share_one_environment_that_needs_a_token(compose: dict[str, Any]) -> None:
+    assert isinstance(compose.get("x-parley-env"), dict), "the shared environment anchor is missing"
+    for name, service in python_services(compose).items():
+        env = environment(service)
+        assert re.fullmatch(r"\$\{PARLEY_OPERATOR_TOKEN:\?[^}]*\}", env.get("PARLEY_OPERATOR_TOKEN", "")), (
+            f"{name}: PARLEY_OPERATOR_TOKEN must be required, never defaulted"
+        )
+        assert env.get("PARLEY_NATS_URL", "").startswith("nats://nats:"), name
+        assert re.match(r"postgres(?:ql)?://[^@]+@postgres:", env.get("PARLEY_DATABASE_URL", "")), name
+        assert env.get("PARLEY_GRPC_HOST") == "0.0.0.0", name
+        assert env.get("PARLEY_METRICS_HOST") == "0.0.0.0", name
+
+
+def test_named_volumes_are_declared(compose: dict[str, Any]) -> None:
+    declared = set(compose.get("volumes") or {})
+    for name, service in compose["services"].items():
+        for volume in service.get("volumes") or []:
+            source = volume.get("source", "") if isinstance(volume, dict) else str(volume).split(":", 1)[0]
+            if source and not source.startswith((".", "/", "~", "$")):
+                assert source in declared, f"{name} uses undeclared volume {source}"
+            elif source.startswith("."):
+                assert (ROOT / source).exists(), f"{name} mounts missing {source}"
+
+
+def test_compose_file_passes_the_installed_validators(compose: dict[str, Any]) -> None:
+    allowed = {"version", "name", "services", "volumes", "networks", "configs", "secrets", "include"}
+    unknown = {key for key in compose if key not in allowed and not key.startswith("x-")}
+    assert not unknown, f"unknown top-level keys {unknown}"
+
+    validators: list[list[str]] = []
+    if legacy := shutil.which("docker-compose"):
+        validators.append([legacy])
+    if (docker := shutil.which("docker")) and _runs([docker, "compose", "version"]):
+        validators.append([docker, "compose"])
+    env = {**os.environ, "PARLEY_OPERATOR_TOKEN": TEST_TOKEN}
+    for validator in validators:
+        result = subprocess.run(
+            [*validator, "-f", str(COMPOSE), "config", "-q"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, f"{' '.join(validator)} config: {result.stderr}"
+    if not validators:
+        schema = _compose_schema()
+        if schema is not None and importlib.util.find_spec("jsonschema") is not None:
+            jsonschema = importlib.import_module("jsonschema")
+            spec = json.loads(schema.read_text())
+            # Chosen by draft name: published schemas spell `$schema` in ways
+            # jsonschema's own lookup does not always recognise (http vs https, a trailing #).
+            declared = str(spec.get("$schema", ""))
+            drafts = {"2020-12": "Draft202012Validator", "2019-09": "Draft201909Validator"}
+            draft = next((name for key, name in drafts.items() if key in declared), "Draft7Validator")
+            errors = list(getattr(jsonschema, draft)(spec).iter_errors(compose))
+            assert not errors, [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors]
+
+
+def _runs(argv: list[str]) -> bool:
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=30, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _compose_schema() -> Path | None:
+    """The Compose specification's JSON schema, if one is on this machine."""
+    candidates = []
+    if configured := os.environ.get("COMPOSE_SPEC_SCHEMA"):
+        candidates.append(Path(configured))
+    spec = importlib.util.find_spec("compose")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        candidates.append(Path(location) / "config" / "compose_spec.json")
+    candidates.append(Path("/usr/lib/python3/dist-packages/compose/config/compose_spec.json"))
+    return next((path for path in candidates if path.is_file()), None)
+
+
+# --- deploy/prometheus.yml, deploy/alerts.yml ------------------------------------------------------
+
+
+def scrape_targets(job: dict[str, Any]) -> set[tuple[str, int, str]]:
+    """(host, port, how) for every target a scrape job finds."""
+    found = set()
+    for static in job.get("static_configs") or []:
+        for target in static.get("targets") or []:
+            host, _, port = str(target).rpartition(":")
+            found.add((host, int(port), "static"))
+    for dns in job.get("dns_sd_configs") or []:
+        for host in dns.get("names") or []:
+            found.add((host, int(dns["port"]), str(dns.get("type", "SRV"))))
+    return found
+
+
+def test_prometheus_scrapes_every_replica_of_every_python_service(
+    compose: dict[str, Any], prometheus: dict[str, Any]
+) -> None:
+    jobs = {job["job_name"]: job for job in prometheus["scrape_configs"]}
+    assert "prometheus" in jobs
+    for name, service in python_services(compose).items():
+        port = effective_port(service, service_module(name, service), "metrics")
+        assert name in jobs, f"no scrape job for {name}"
+        # An A-record lookup of the service name returns one address per replica.
+        assert (name, port, "A") in scrape_targets(jobs[name]), (
+            f"job {name} should discover {name}:{port} with an A-record dns_sd_config, "
+            f"has {scrape_targets(jobs[name])}"
+        )
+
+
+def test_prometheus_loads_the_alerts_that_compose_mounts(
+    compose: dict[str, Any], prometheus: dict[str, Any]
+) -> None:
+    rule_files = prometheus.get("rule_files") or []
+    assert ALERTS.name in rule_files
+    assert (PROMETHEUS.parent / ALERTS.name).is_file()
+    service = compose["services"]["prometheus"]
+    args = command_argv(service)
+    config = next(
+        (arg.split("=", 1)[1] for arg in args if arg.startswith("--config.file=")),
+        "/etc/prometheus/prometheus.yml",
+    )
+    mounts = {}
+    for volume in service.get("volumes") or []:
+        source, target = str(volume).split(":")[:2]
+        mounts[target] = (ROOT / source).resolve()
+    assert mounts.get(config) == PROMETHEUS.resolve(), f"{PROMETHEUS.name} is not mounted at {config}"
+    for rule_file in rule_files:
+        target = str(PurePosixPath(config).parent / rule_file)
+        assert mounts.get(target) == (PROMETHEUS.parent / rule_file).resolve(), f"{rule_file} not at {target}"
+
+
+def test_alerts_are_the_documented_ones_and_complete(alert_rules: list[dict[str, Any]]) -> None:
+    names = [rule.get("alert") for rule in alert_rules]
+    assert set(names) >= REQUIRED_ALERTS, REQUIRED_ALERTS - set(names)
+    assert len(names) == len(set(names)), names
+    for rule in alert_rules:
+        assert rule.get("expr"), rule
+        assert rule.get("labels", {}).get("severity") in ("critical", "warning", "info"), rule["alert"]
+        assert rule.get("annotations", {}).get("summary"), rule["alert"]
+
+
+def test_alerts_use_only_metrics_and_labels_the_services_define(
+    alert_rules: list[dict[str, Any]], prometheus: dict[str, Any], source_text: str
+) -> None:
+    jobs = {job["job_name"] for job in prometheus["scrape_configs"]}
+    for rule in alert_rules:
+        expr = str(rule["expr"])
+        metrics = promql_metric_names(expr)
+        assert metrics, f"{rule['alert']}: no metric found in {expr!r}"
+        for metric in metrics - BUILTIN_METRICS:
+            assert defined_in_sources(metric, source_text), (
+                f"{rule['alert']}: no metric {metric} in the sources"
+            )
+        for label, op, value in promql_matchers(expr):
+            if label == "job":
+                assert op in ("=~", "!~") or value in jobs, f"{rule['alert']}: no scrape job {value}"
+            elif label not in TARGET_LABELS:
+                # A typo in a label or its value would make the alert silently never fire.
+                assert f'"{label}"' in source_text, f"{rule['alert']}: no label {label} in the sources"
+                if op in ("=", "!="):
+                    assert f'"{value}"' in source_text, f"{rule['alert']}: {label}={value!r} never set"
+
+
+def test_every_parley_job_is_watched_for_having_no_replica(
+    alert_rules: list[dict[str, Any]], prometheus: dict[str, Any]
+) -> None:
+    # Docker's DNS drops a stopped container, so `up == 0` cannot see a service with no replica left.
+    watched = {
+        job
+        for rule in alert_rules
+        for job in re.findall(r'absent\(\s*up\{[^}]*\bjob\s*=\s*"([^"]+)"', str(rule["expr"]))
+    }
+    parley_jobs = {job["job_name"] for job in prometheus["scrape_configs"]} - {"prometheus"}
+    assert parley_jobs <= watched, f"no absent(up{{job=...}}) alert for {parley_jobs - watched}"
+
+
+def test_prometheus_files_pass_promtool_when_installed(prometheus: dict[str, Any]) -> None:
+    assert prometheus.get("scrape_configs"), "prometheus.yml scrapes nothing"
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        return
+    for argv in (["check", "config", str(PROMETHEUS)], ["check", "rules", str(ALERTS)]):
+        result = subprocess.run(
+            [promtool, *argv], capture_output=True, text=True, timeout=60, check=False, cwd=ROOT
+        )
+        assert result.returncode == 0, f"promtool {' '.join(argv)}: {result.stdout}{result.stderr}"
+
+
+# --- Dockerfile, .dockerignore ---------------------------------------------------------------------
+
+
+def dockerfile_stages() -> list[list[tuple[str, str]]]:
+    """Instructions as (KEYWORD, arguments), grouped by build stage."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    stages: list[list[tuple[str, str]]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        keyword, _, args = line.partition(" ")
+        if keyword.upper() == "FROM":
+            stages.append([])
+        assert stages, "the Dockerfile must start with FROM"
+        stages[-1].append((keyword.upper(), args.strip()))
+    return stages
+
+
+def copies(stage: list[tuple[str, str]]) -> list[tuple[list[str], str]]:
+    """(sources, destination) of each COPY from the build context."""
+    found = []
+    for keyword, args in stage:
+        if keyword in ("COPY", "ADD"):
+            parts = json.loads(args) if args.startswith("[") else shlex.split(args)
+            if any(part.startswith("--from") for part in parts):
+                continue
+            paths = [part for part in parts if not part.startswith("--")]
+            found.append((paths[:-1], paths[-1]))
+    return found
+
+
+def env_of(stage: list[tuple[str, str]]) -> dict[str, str]:
+    env = {}
+    for keyword, args in stage:
+        if keyword == "ENV":
+            for item in shlex.split(args):
+                key, _, value = item.partition("=")
+                env[key] = value
+    return env
+
+
+def package_roots() -> set[str]:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    where = pyproject["tool"]["setuptools"]["packages"]["find"]["where"]
+    return {PurePosixPath(path).parts[0] for path in where}
+
+
+def test_dockerfile_copies_every_package_root_and_installs_the_project() -> None:
+    stages = dockerfile_stages()
+    copied = {
+        PurePosixPath(source).parts[0]
+        for stage in stages
+        for sources, _ in copies(stage)
+        for source in sources
+    }
+    needed = package_roots() | {"pyproject.toml", "characters"}
+    assert needed <= copied, f"the Dockerfile does not copy {needed - copied}"
+    runs = " ".join(args for stage in stages for keyword, args in stage if keyword == "RUN")
+    assert re.search(r"pip install --no-cache-dir \.(\s|$)", runs), "the project is not pip-installed"
+
+
+def test_image_is_slim_python_and_runs_as_a_non_root_user_listening_on_all_interfaces() -> None:
+    final = dockerfile_stages()[-1]
+    image = final[0][1].split()[0]
+    assert image == "python:3.11-slim", image
+    users = [args for keyword, args in final if keyword == "USER"]
+    assert users, "the image runs as root"
+    assert users[-1].split(":")[0] not in ("root", "0"), users[-1]
+    env = env_of(final)
+    assert env.get("PARLEY_GRPC_HOST") == "0.0.0.0"
+    assert env.get("PARLEY_METRICS_HOST") == "0.0.0.0"
+    # The runtime finds its agents where the image put them.
+    workdir = PurePosixPath("/")
+    characters = None
+    for keyword, args in final:
+        if keyword == "WORKDIR":
+            workdir = workdir / args
+        elif keyword == "COPY" and "--from" not in args:
+            sources, destination = copies([(keyword, args)])[0]
+            if any(PurePosixPath(source).parts[0] == "characters" for source in sources):
+                characters = workdir / destination
+    assert characters is not None, "the final image has no characters/"
+    assert PurePosixPath(env.get("PARLEY_CHARACTERS_DIR", str(workdir / "characters"))) == characters
+
+
+def dockerignored(path: str, patterns: list[str]) -> bool:
+    """Docker's rule: the last pattern matching the path or one of its parents decides."""
+    parts = PurePosixPath(path).parts
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    ignored = False
+    for raw in patterns:
+        exclude = not raw.startswith("!")
+        pattern = raw.removeprefix("!").strip().strip("/")
+        candidates = {pattern, pattern.removeprefix("**/")}
+        if any(fnmatch.fnmatchcase(prefix, p) for prefix in prefixes for p in candidates):
+            ignored = exclude
+    return ignored
+
+
+def test_dockerignore_keeps_what_the_build_needs_and_drops_local_state() -> None:
+    patterns = [
+        line.strip()
+        for line in DOCKERIGNORE.read_text().splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
+    sources = {source for stage in dockerfile_stages() for paths, _ in copies(stage) for source in paths}
+    needed: list[str] = []
+    for source in sorted(sources):
+        path = ROOT / source
+        if path.is_file():
+            needed.append(source)
+            continue
+        for file in sorted(path.rglob("*")):
+            relative = file.relative_to(ROOT)
+            if (
+                file.is_file()
+                and "__pycache__" not in relative.parts
+                and (file.suffix in BUILD_INPUT_SUFFIXES or file.name == "py.typed")
+            ):
+                needed.append(relative.as_posix())
+    assert needed
+    excluded = [path for path in needed if dockerignored(path, patterns)]
+    assert not excluded, f".dockerignore drops files the image needs: {excluded[:10]}"
+    for local in (".git", ".venv", ".parley", "libs/platform/parley_platform/__pycache__"):
+        assert dockerignored(local, patterns), f".dockerignore should exclude {local}"
