@@ -4,8 +4,8 @@ A client publishes inbound messages to JetStream and waits for each reply on the
 outbound subject; the runtime and model gateway run as real processes, the
 scripted model answers at zero latency. In the same run it measures the floor:
 the raw round trips one turn cannot avoid — a JetStream publish→consume (the
-inbound message), a NATS request/reply (the model call), four SQL statements
-(ingest, recent messages, save reply, finish turn) and a JetStream publish (the
+inbound message), a NATS request/reply (the model call), two SQL statements
+(ingest with the room history, save the reply and finish the turn) and a JetStream publish (the
 reply) — and reports the ratio of a turn to the sum of those.
 
 Usage: python bench/turn_latency.py [--sequential 300] [--concurrent 2000] [--in-flight 64]
@@ -33,7 +33,7 @@ from parley_platform.infra import free_port  # noqa: E402
 from parley_platform.testing import ServiceProcess  # noqa: E402
 
 AGENT_ID = str(uuid.uuid5(uuid.UUID("6f1f3f3e-6a0c-5b8e-9a57-5061726c6579"), "agent:default"))
-SQL_PER_TURN = 4
+SQL_PER_TURN = 2
 
 
 async def timed(n: int, in_flight: int, op: object) -> Series:
