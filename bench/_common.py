@@ -30,7 +30,7 @@ class BenchEnv:
 
 @contextmanager
 def bench_env() -> Iterator[BenchEnv]:
-    """Real NATS and Postgres (from PARLEY_TEST_* URLs, or embedded), with a database and namespace of its own."""
+    """Real NATS and Postgres (PARLEY_TEST_* URLs, else embedded) and its own database and namespace."""
     root = Path(tempfile.mkdtemp(prefix="parley-bench-"))
     with infra.session_infra(root) as endpoints:
         suffix = secrets.token_hex(4)
@@ -71,8 +71,12 @@ class Series:
         return percentile(self.latencies, 99) * 1000
 
     def figures(self) -> dict[str, float]:
-        return {"ops_per_s": round(self.rate, 1), "p50_ms": round(self.p50_ms, 3), "p99_ms": round(self.p99_ms, 3),
-                "n": len(self.latencies)}
+        return {
+            "ops_per_s": round(self.rate, 1),
+            "p50_ms": round(self.p50_ms, 3),
+            "p99_ms": round(self.p99_ms, 3),
+            "n": len(self.latencies),
+        }
 
 
 class Clock:
@@ -87,7 +91,9 @@ def report(title: str, rows: list[Series], summary: dict[str, object]) -> None:
     print(f"\n{title}")
     print(f"{'measure':<44} {'ops/s':>10} {'p50 ms':>9} {'p99 ms':>9} {'n':>6}")
     for row in rows:
-        print(f"{row.name:<44} {row.rate:>10.1f} {row.p50_ms:>9.3f} {row.p99_ms:>9.3f} {len(row.latencies):>6}")
+        print(
+            f"{row.name:<44} {row.rate:>10.1f} {row.p50_ms:>9.3f} {row.p99_ms:>9.3f} {len(row.latencies):>6}"
+        )
     for key, value in summary.items():
         if not isinstance(value, dict):
             print(f"{key}: {value}")

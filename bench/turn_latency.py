@@ -16,21 +16,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import secrets
-import sys
 import time
 import uuid
 
 import psycopg
+from _common import ROOT, BenchEnv, Series, bench_env, report
 from nats.js.api import AckPolicy, ConsumerConfig
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
-
-from _common import ROOT, BenchEnv, Series, bench_env, report  # noqa: E402
-
-from parley.v1 import runtime_pb2  # noqa: E402
-from parley_platform.bus import Bus  # noqa: E402
-from parley_platform.infra import free_port  # noqa: E402
-from parley_platform.testing import ServiceProcess  # noqa: E402
+from parley.v1 import runtime_pb2
+from parley_platform.bus import Bus
+from parley_platform.infra import free_port
+from parley_platform.testing import ServiceProcess
 
 AGENT_ID = str(uuid.uuid5(uuid.UUID("6f1f3f3e-6a0c-5b8e-9a57-5061726c6579"), "agent:default"))
 SQL_PER_TURN = 2
@@ -83,14 +79,22 @@ async def floors(env: BenchEnv, bus: Bus, n: int, in_flight: int) -> dict[str, S
 
     conns = [await psycopg.AsyncConnection.connect(env.database_url, autocommit=True) for _ in range(16)]
     await conns[0].execute("CREATE TABLE IF NOT EXISTS bench_floor (id int PRIMARY KEY, n bigint NOT NULL)")
-    await conns[0].execute("INSERT INTO bench_floor SELECT g, 0 FROM generate_series(0, 63) g ON CONFLICT DO NOTHING")
+    await conns[0].execute(
+        "INSERT INTO bench_floor SELECT g, 0 FROM generate_series(0, 63) g ON CONFLICT DO NOTHING"
+    )
 
     async def sql(i: int, slot: int) -> None:
         conn = conns[slot % len(conns)]
-        await conn.execute("UPDATE bench_floor SET n = n + 1 WHERE id = %s RETURNING n", (slot,), prepare=True)
+        await conn.execute(
+            "UPDATE bench_floor SET n = n + 1 WHERE id = %s RETURNING n", (slot,), prepare=True
+        )
 
-    for name, op in [("js publish→consume", js_roundtrip), ("js publish", js_publish),
-                     ("nats request/reply", request_reply), ("sql statement", sql)]:
+    for name, op in [
+        ("js publish→consume", js_roundtrip),
+        ("js publish", js_publish),
+        ("nats request/reply", request_reply),
+        ("sql statement", sql),
+    ]:
         await timed(min(n, 100), 1, op)  # warm-up
         seq = await timed(n, 1, op)
         seq.name = f"floor: {name}, sequential"
@@ -125,27 +129,53 @@ class Client:
         future = asyncio.get_running_loop().create_future()
         self.waiting[message_id] = future
         inbound = runtime_pb2.InboundMessage(
-            agent_id=AGENT_ID, source="bench", message_id=message_id, sender_id=f"user-{slot}",
-            sender_name=f"User {slot}", channel_id=f"room-{slot}", room_type=runtime_pb2.ROOM_TYPE_DM,
-            text=f"message {i}")
-        await self.bus.publish(self.bus.subjects.inbound(AGENT_ID), inbound.SerializeToString(),
-                               msg_id=f"bench:{message_id}")
+            agent_id=AGENT_ID,
+            source="bench",
+            message_id=message_id,
+            sender_id=f"user-{slot}",
+            sender_name=f"User {slot}",
+            channel_id=f"room-{slot}",
+            room_type=runtime_pb2.ROOM_TYPE_DM,
+            text=f"message {i}",
+        )
+        await self.bus.publish(
+            self.bus.subjects.inbound(AGENT_ID), inbound.SerializeToString(), msg_id=f"bench:{message_id}"
+        )
         await asyncio.wait_for(future, 30)
 
 
 async def main(args: argparse.Namespace) -> None:
     with bench_env() as env:
-        common = {"PARLEY_NATS_URL": env.nats_url, "PARLEY_DATABASE_URL": env.database_url,
-                  "PARLEY_NAMESPACE": env.namespace, "PARLEY_OPERATOR_TOKEN": secrets.token_hex(16),
-                  "PARLEY_CHARACTERS_DIR": str(ROOT / "characters"), "PARLEY_LOG_LEVEL": "WARNING",
-                  "PARLEY_ENVIRONMENT": "test"}
+        common = {
+            "PARLEY_NATS_URL": env.nats_url,
+            "PARLEY_DATABASE_URL": env.database_url,
+            "PARLEY_NAMESPACE": env.namespace,
+            "PARLEY_OPERATOR_TOKEN": secrets.token_hex(16),
+            "PARLEY_CHARACTERS_DIR": str(ROOT / "characters"),
+            "PARLEY_LOG_LEVEL": "WARNING",
+            "PARLEY_ENVIRONMENT": "test",
+        }
         gw_port, rt_port = free_port(), free_port()
-        gateway = ServiceProcess("parley_gateway", {**common, "PARLEY_GATEWAY_GRPC_PORT": str(gw_port),
-                                                    "PARLEY_GATEWAY_METRICS_PORT": str(free_port())},
-                                 env.logs / "gateway.log", gw_port).start()
-        runtime = ServiceProcess("parley_runtime", {**common, "PARLEY_RUNTIME_GRPC_PORT": str(rt_port),
-                                                    "PARLEY_RUNTIME_METRICS_PORT": str(free_port())},
-                                 env.logs / "runtime.log", rt_port).start()
+        gateway = ServiceProcess(
+            "parley_gateway",
+            {
+                **common,
+                "PARLEY_GATEWAY_GRPC_PORT": str(gw_port),
+                "PARLEY_GATEWAY_METRICS_PORT": str(free_port()),
+            },
+            env.logs / "gateway.log",
+            gw_port,
+        ).start()
+        runtime = ServiceProcess(
+            "parley_runtime",
+            {
+                **common,
+                "PARLEY_RUNTIME_GRPC_PORT": str(rt_port),
+                "PARLEY_RUNTIME_METRICS_PORT": str(free_port()),
+            },
+            env.logs / "runtime.log",
+            rt_port,
+        ).start()
         bus = await Bus.connect(env.nats_url, name="bench", namespace=env.namespace)
         try:
             await gateway.wait_ready()
@@ -166,11 +196,19 @@ async def main(args: argparse.Namespace) -> None:
     def p50(key: str) -> float:
         return floor[key].p50_ms
 
-    floor_seq_ms = p50("js publish→consume:1") + p50("nats request/reply:1") + SQL_PER_TURN * p50(
-        "sql statement:1") + p50("js publish:1")
+    floor_seq_ms = (
+        p50("js publish→consume:1")
+        + p50("nats request/reply:1")
+        + SQL_PER_TURN * p50("sql statement:1")
+        + p50("js publish:1")
+    )
     # Throughput floor: each leg at its own concurrent rate, one after another for every turn.
-    per_turn_seconds = (1 / floor["js publish:n"].rate + 1 / floor["nats request/reply:n"].rate
-                        + SQL_PER_TURN / floor["sql statement:n"].rate + 1 / floor["js publish:n"].rate)
+    per_turn_seconds = (
+        1 / floor["js publish:n"].rate
+        + 1 / floor["nats request/reply:n"].rate
+        + SQL_PER_TURN / floor["sql statement:n"].rate
+        + 1 / floor["js publish:n"].rate
+    )
     floor_rate = 1 / per_turn_seconds
     summary = {
         "benchmark": "turn_latency",
@@ -182,8 +220,11 @@ async def main(args: argparse.Namespace) -> None:
         "ratio_to_floor": round(sequential.p50_ms / floor_seq_ms, 2),
         "throughput_ratio_to_floor": round(concurrent.rate / floor_rate, 2),
     }
-    report("Turn latency (scripted model, zero latency; 1 runtime, 1 gateway)",
-           [sequential, concurrent, *floor.values()], summary)
+    report(
+        "Turn latency (scripted model, zero latency; 1 runtime, 1 gateway)",
+        [sequential, concurrent, *floor.values()],
+        summary,
+    )
 
 
 if __name__ == "__main__":
