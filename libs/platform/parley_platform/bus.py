@@ -7,6 +7,7 @@ they are translated into ``parley_platform.errors``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -208,22 +209,30 @@ class Bus:
         async def on_error(exc: Exception) -> None:
             log.warning("nats error", service=name, error=str(exc))
 
+        options: dict[str, Any] = {
+            "name": name,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": 0.5,
+            "connect_timeout": connect_timeout,
+            "allow_reconnect": True,
+            "disconnected_cb": on_disconnect,
+            "reconnected_cb": on_reconnect,
+            "closed_cb": on_closed,
+            "error_cb": on_error,
+        }
+        nc = Client()
         try:
-            nc = await nats.connect(
-                url,
-                name=name,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5,
-                connect_timeout=connect_timeout,
-                allow_reconnect=True,
-                disconnected_cb=on_disconnect,
-                reconnected_cb=on_reconnect,
-                closed_cb=on_closed,
-                error_cb=on_error,
-            )
+            # With unlimited reconnects nats-py retries the *first* connection forever too;
+            # bound it here so an unreachable server fails fast instead of hanging startup.
+            async with asyncio.timeout(connect_timeout):
+                await nc.connect(url, **options)
         except (TimeoutError, OSError, nats.errors.Error) as exc:
+            closing = True
+            cause = nc.last_error or exc
+            with contextlib.suppress(Exception):
+                await nc.close()
             raise Unavailable(
-                f"cannot connect to NATS at {_redact_url(url)}: {type(exc).__name__}",
+                f"cannot connect to NATS at {_redact_url(url)}: {type(cause).__name__}",
                 code="NATS_UNAVAILABLE",
                 hint="start it with `parley infra up` or set PARLEY_NATS_URL",
             ) from exc
@@ -249,6 +258,8 @@ class Bus:
                 if "already in use" not in str(exc):
                     raise _translate(exc, f"create stream {spec.name}") from exc
                 return "exists"
+            except (TimeoutError, nats.errors.Error) as exc:
+                raise _translate(exc, f"create stream {spec.name}") from exc
             return "created"
         except (TimeoutError, nats.errors.Error) as exc:
             raise _translate(exc, f"stream info {spec.name}") from exc

@@ -19,7 +19,7 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from .bus import MSG_ID, Bus, ConsumerSpec, translate_nats_error
-from .errors import ParleyError
+from .errors import Kind, ParleyError
 from .logging import get_logger
 from .metrics import MessagingMetrics
 
@@ -60,6 +60,22 @@ class Delivery:
 
 
 Handler = Callable[[Delivery], Awaitable[None]]
+
+
+PERMANENT_KINDS = frozenset(
+    {
+        Kind.INVALID_ARGUMENT,
+        Kind.NOT_FOUND,
+        Kind.FAILED_PRECONDITION,
+        Kind.PERMISSION_DENIED,
+        Kind.UNAUTHENTICATED,
+    }
+)
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """A failure that no retry can fix: it is dead-lettered at once instead of redelivered."""
+    return isinstance(exc, ParleyError) and not exc.retryable and exc.kind in PERMANENT_KINDS
 
 
 def backoff_delay(num_delivered: int, base: float = 0.5, cap: float = 30.0) -> float:
@@ -157,7 +173,10 @@ class PullConsumer:
             await self.dead_letter(delivery, poison.reason, poison.label)
         except Exception as exc:
             reason = str(exc) if isinstance(exc, ParleyError) else f"{type(exc).__name__}: {exc}"
-            if delivery.num_delivered >= self.spec.max_deliver:
+            if is_permanent(exc):
+                outcome = "dead"
+                await self.dead_letter(delivery, f"permanent failure: {reason}", "permanent")
+            elif delivery.num_delivered >= self.spec.max_deliver:
                 outcome = "dead"
                 await self.dead_letter(
                     delivery, f"max_deliver ({self.spec.max_deliver}) reached: {reason}", "max_deliver"
@@ -212,16 +231,26 @@ class PullConsumer:
             DEAD_DELIVERIES: str(delivery.num_delivered),
         }
         dead_id = delivery.msg_id or f"{self.spec.stream}:{delivery.stream_sequence}"
-        try:
-            await self.bus.publish(
-                self.bus.subjects.dead(self.spec.stream), delivery.data, msg_id=dead_id, headers=headers
-            )
-        except ParleyError as exc:
-            # Not terminated: the message stays in its stream and comes back, so nothing is lost.
-            log.error("dead-letter publish failed", subject=delivery.subject, error=str(exc))
-            with contextlib.suppress(nats.errors.Error):
-                await delivery.msg.nak(delay=self.backoff_cap)
-            return
+        attempt = 0
+        while True:
+            try:
+                await self.bus.publish(
+                    self.bus.subjects.dead(self.spec.stream), delivery.data, msg_id=dead_id, headers=headers
+                )
+                break
+            except ParleyError as exc:
+                # Neither nak nor term: on its last delivery JetStream would never hand the message
+                # out again. Hold it (heartbeating) and retry until the dead-letter stream takes it.
+                attempt += 1
+                log.error(
+                    "dead-letter publish failed, retrying",
+                    subject=delivery.subject,
+                    sequence=delivery.stream_sequence,
+                    attempt=attempt,
+                    error=str(exc),
+                )
+                await delivery.in_progress()
+                await asyncio.sleep(backoff_delay(attempt, self.backoff_base, self.backoff_cap))
         log.warning("message dead-lettered", subject=delivery.subject, reason=reason[:200])
         if self.metrics:
             self.metrics.dead.labels(self._label, label).inc()

@@ -14,9 +14,10 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
 from parley.v1 import common_pb2
 
-from .errors import KIND_OF_STATUS, DeadlineExceeded, Kind, ParleyError, Unauthenticated
+from .errors import KIND_OF_STATUS, DeadlineExceeded, InvalidArgument, Kind, ParleyError, Unauthenticated
 from .logging import get_logger
 
 log = get_logger(__name__)
@@ -47,6 +48,13 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-a
     """Requires ``authorization: Bearer <token>``; health and reflection stay open."""
 
     def __init__(self, token: str) -> None:
+        if not token.strip():
+            # An empty token would let in anyone who sends "authorization: Bearer ".
+            raise InvalidArgument(
+                "the operator token is empty",
+                code="OPERATOR_TOKEN_EMPTY",
+                hint="set PARLEY_OPERATOR_TOKEN to a long random secret",
+            )
         self._expected = f"Bearer {token}".encode()
 
     async def intercept_service(
@@ -137,7 +145,8 @@ class GrpcServer:
 async def start_grpc_server(
     bindings: Iterable[ServiceBinding], *, host: str, port: int, token: str, default_timeout: float = 60.0
 ) -> GrpcServer:
-    server = grpc.aio.server(interceptors=[BearerTokenInterceptor(token)])
+    # gRPC sets SO_REUSEPORT by default: a second server would share a busy port silently.
+    server = grpc.aio.server(interceptors=[BearerTokenInterceptor(token)], options=[("grpc.so_reuseport", 0)])
     names = [health.SERVICE_NAME, reflection.SERVICE_NAME]
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -172,6 +181,9 @@ def error_from_rpc_error(exc: grpc.aio.AioRpcError) -> ParleyError:
         if key == ERROR_METADATA_KEY and isinstance(value, bytes):
             return ParleyError.from_proto(common_pb2.Error.FromString(value))
     kind = KIND_OF_STATUS.get(exc.code(), Kind.INTERNAL)
-    return ParleyError.from_proto(
+    restored = ParleyError.from_proto(
         common_pb2.Error(code=exc.code().name, message=exc.details() or "", kind=kind.value)
     )
+    # Without an envelope nothing says whether to retry: the kind's default decides
+    # (a refused connection is Unavailable, and retryable), not the envelope's zero value.
+    return type(restored)(restored.message, code=restored.code)

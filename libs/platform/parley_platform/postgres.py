@@ -97,7 +97,7 @@ class Database:
             raise translate(exc, what) from exc
 
     async def fetchone(
-        self, sql: str, params: Sequence[Any] | dict[str, Any] = (), *, what: str = "query"
+        self, sql: str, params: Sequence[Any] | dict[str, Any] | None = None, *, what: str = "query"
     ) -> Row | None:
         async with self.connection(what) as conn:
             cur = conn.cursor(row_factory=dict_row)
@@ -105,7 +105,7 @@ class Database:
             return await cur.fetchone()
 
     async def fetchall(
-        self, sql: str, params: Sequence[Any] | dict[str, Any] = (), *, what: str = "query"
+        self, sql: str, params: Sequence[Any] | dict[str, Any] | None = None, *, what: str = "query"
     ) -> list[Row]:
         async with self.connection(what) as conn:
             cur = conn.cursor(row_factory=dict_row)
@@ -113,7 +113,7 @@ class Database:
             return await cur.fetchall()
 
     async def execute(
-        self, sql: str, params: Sequence[Any] | dict[str, Any] = (), *, what: str = "statement"
+        self, sql: str, params: Sequence[Any] | dict[str, Any] | None = None, *, what: str = "statement"
     ) -> int:
         async with self.connection(what) as conn:
             cur = await conn.execute(sql, params, prepare=True)
@@ -129,12 +129,16 @@ def load_queries(path: Path) -> dict[str, str]:
     parts = _QUERY_HEADER.split(text)
     queries: dict[str, str] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in queries:
+            raise FailedPrecondition(f"query {name!r} is defined twice in {path}", code="QUERY_DUPLICATE")
         lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
         queries[name] = "\n".join(lines).strip().rstrip(";")
     return queries
 
 
 def _migrations(directory: Path) -> list[tuple[int, str, str]]:
+    if not directory.is_dir():
+        raise FailedPrecondition(f"migrations directory {directory} does not exist", code="MIGRATION_INVALID")
     found = []
     for path in sorted(directory.glob("*.sql")):
         match = re.match(r"^(\d+)_([a-z0-9_]+)\.sql$", path.name)
@@ -146,7 +150,8 @@ def _migrations(directory: Path) -> list[tuple[int, str, str]]:
     versions = [v for v, _, _ in found]
     if len(set(versions)) != len(versions):
         raise FailedPrecondition(f"duplicate migration versions in {directory}", code="MIGRATION_INVALID")
-    return found
+    # By version, not by file name: "10_x.sql" sorts before "2_y.sql" as text.
+    return sorted(found, key=lambda m: m[0])
 
 
 async def migrate(url: str, schema: str, directory: Path) -> list[str]:
@@ -204,14 +209,34 @@ async def describe_schema(conn: psycopg.AsyncConnection[Any], schema: str) -> li
     Used to prove that the migrations build exactly the declared ``schema.sql``.
     """
     lines: list[str] = []
+    # Type modifiers (varchar length, numeric precision, timestamp precision), identity and
+    # generated columns are part of a column's definition too.
     cur = await conn.execute(
-        """SELECT table_name, column_name, data_type, udt_name, is_nullable, coalesce(column_default, '')
+        """SELECT table_name, column_name, data_type, udt_name, is_nullable, coalesce(column_default, ''),
+                  concat_ws(',', character_maximum_length, numeric_precision, numeric_scale,
+                            datetime_precision),
+                  concat_ws(' ', nullif(is_identity, 'NO'), identity_generation, generation_expression)
              FROM information_schema.columns
             WHERE table_schema = %s AND table_name <> 'schema_migrations'
             ORDER BY table_name, column_name""",
         (schema,),
     )
-    lines += [f"column {r[0]}.{r[1]} {r[2]}/{r[3]} null={r[4]} default={r[5]}" for r in await cur.fetchall()]
+    lines += [
+        f"column {r[0]}.{r[1]} {r[2]}/{r[3]}({r[6]}) null={r[4]} default={r[5]} {r[7]}".rstrip()
+        for r in await cur.fetchall()
+    ]
+    cur = await conn.execute(
+        """SELECT t.typname, string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder)
+             FROM pg_type t JOIN pg_enum e ON e.enumtypid = t.oid
+             JOIN pg_namespace ns ON ns.oid = t.typnamespace
+            WHERE ns.nspname = %s GROUP BY 1 ORDER BY 1""",
+        (schema,),
+    )
+    lines += [f"enum {r[0]} {r[1]}" for r in await cur.fetchall()]
+    cur = await conn.execute(
+        "SELECT viewname, md5(definition) FROM pg_views WHERE schemaname = %s ORDER BY 1", (schema,)
+    )
+    lines += [f"view {r[0]} {r[1]}" for r in await cur.fetchall()]
     cur = await conn.execute(
         """SELECT rel.relname, con.conname, pg_get_constraintdef(con.oid)
              FROM pg_constraint con JOIN pg_class rel ON rel.oid = con.conrelid

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import nats.errors
 from google.protobuf.message import DecodeError, Message
 from nats.aio.msg import Msg
+
 from parley.v1 import common_pb2
 
 from .bus import Bus, translate_nats_error
@@ -116,13 +117,17 @@ class RpcServer:
             await self.bus.nc.publish(msg.reply, data, headers={STATUS: status})
 
     async def stop(self, timeout: float = 10.0) -> None:
-        """Stop taking requests, then wait for the ones being served."""
-        for sub in self._subs:
-            with contextlib.suppress(nats.errors.Error):
-                await sub.unsubscribe()
-        self._subs.clear()
+        """Stop taking requests, answer the ones already received, wait for those being served."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        subs, self._subs = self._subs, []
+        # Drain, not unsubscribe: requests already delivered to this replica but still queued
+        # would be dropped unanswered, and their callers would wait out their whole deadline.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*(sub.drain() for sub in subs), return_exceptions=True)
         if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=timeout)
+            await asyncio.wait(set(self._tasks), timeout=max(0.0, deadline - loop.time()))
 
 
 def _deadline_of(msg: Msg) -> float | None:

@@ -21,7 +21,7 @@ from psycopg.types.json import Jsonb
 
 from parley.v1 import model_pb2, runtime_pb2
 from parley_platform.bus import Bus
-from parley_platform.consumer import Delivery, Poison
+from parley_platform.consumer import Delivery, Poison, is_permanent
 from parley_platform.logging import get_logger
 from parley_platform.metrics import LATENCY_BUCKETS
 from parley_platform.rpc import RpcClient
@@ -137,7 +137,7 @@ class TurnProcessor:
         try:
             outcome = await self._turn(delivery, inbound, agent, turn_id)
         except Exception as exc:
-            if delivery.num_delivered >= self.max_deliver:
+            if delivery.num_delivered >= self.max_deliver or is_permanent(exc):
                 await self.store.finish_turn(
                     agent.id, turn_id, "failed", lease_token=None, error=str(exc)[:500]
                 )

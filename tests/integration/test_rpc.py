@@ -1,0 +1,318 @@
+"""NATS request/reply with the protobuf contract against a real server: replies, the error
+envelope, undecodable requests, crashes, deadlines, no responders, queue groups."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from parley.v1 import common_pb2
+from parley.v1.model_pb2 import GenerateRequest, GenerateResponse
+from parley_platform.bus import Bus
+from parley_platform.errors import (
+    Conflict,
+    DeadlineExceeded,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    Kind,
+    NotFound,
+    ParleyError,
+    PermissionDenied,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+)
+from parley_platform.rpc import DEADLINE, STATUS, RpcClient, RpcServer
+from parley_platform.testing import eventually
+from support import SessionEnv
+
+Handler = Callable[[GenerateRequest], Awaitable[GenerateResponse]]
+
+
+@pytest.fixture
+def service() -> str:
+    return f"rpctest{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def serve(bus: Bus, service: str) -> AsyncIterator[Callable[[Handler], Awaitable[RpcServer]]]:
+    servers: list[RpcServer] = []
+
+    async def start(handler: Handler) -> RpcServer:
+        server = RpcServer(bus, service)
+        server.register("Generate", GenerateRequest, handler)
+        await server.start()
+        await bus.nc.flush()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.stop(timeout=2)
+
+
+async def echo(request: GenerateRequest) -> GenerateResponse:
+    return GenerateResponse(text=request.prompt[::-1], provider="echo", model=request.agent_id)
+
+
+async def test_round_trip(bus: Bus, service: str, serve: Callable[[Handler], Awaitable[RpcServer]]) -> None:
+    await serve(echo)
+    reply = await RpcClient(bus).call(
+        service, "Generate", GenerateRequest(agent_id="a1", prompt="hello"), GenerateResponse, timeout=5
+    )
+    assert reply == GenerateResponse(text="olleh", provider="echo", model="a1")
+
+
+ERRORS: list[ParleyError] = [
+    InvalidArgument("prompt is empty", code="EMPTY_PROMPT", hint="send some text"),
+    NotFound("no agent a1", code="AGENT_NOT_FOUND"),
+    Conflict("version moved", code="CAS_FAILED", hint="reload and retry", retryable=True),
+    FailedPrecondition("agent disabled", code="AGENT_DISABLED"),
+    ResourceExhausted("too many turns", code="RATE_LIMITED", hint="slow down"),
+    Unauthenticated("who are you"),
+    PermissionDenied("not yours", code="NOT_OWNER"),
+    Unavailable("provider down", code="PROVIDER_DOWN", retryable=False),
+    DeadlineExceeded("model too slow", code="MODEL_TIMEOUT"),
+    Internal("broken invariant", code="INVARIANT"),
+]
+
+
+async def test_every_error_kind_round_trips(
+    bus: Bus, service: str, serve: Callable[[Handler], Awaitable[RpcServer]]
+) -> None:
+    by_code = {err.code: err for err in ERRORS}
+
+    async def failing(request: GenerateRequest) -> GenerateResponse:
+        raise by_code[request.prompt]
+
+    await serve(failing)
+    client = RpcClient(bus)
+    assert {err.kind for err in ERRORS} == set(Kind)
+    for sent in ERRORS:
+        with pytest.raises(ParleyError) as caught:
+            await client.call(service, "Generate", GenerateRequest(prompt=sent.code), GenerateResponse)
+        got = caught.value
+        assert type(got) is type(sent)
+        assert (got.kind, got.code, got.message, got.hint, got.retryable) == (
+            sent.kind,
+            sent.code,
+            sent.message,
+            sent.hint,
+            sent.retryable,
+        )
+
+
+async def test_undecodable_request_is_invalid_payload(
+    bus: Bus, service: str, serve: Callable[[Handler], Awaitable[RpcServer]]
+) -> None:
+    calls: list[GenerateRequest] = []
+
+    async def handler(request: GenerateRequest) -> GenerateResponse:
+        calls.append(request)
+        return GenerateResponse()
+
+    await serve(handler)
+    subject = bus.subjects.rpc(service, "Generate")
+    # A truncated length-delimited field: no protobuf parser accepts it.
+    for garbage in (b"\x1a\x05ab", b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", b"\x1a\x02\xc3\x28"):
+        reply = await bus.nc.request(subject, garbage, timeout=5)
+        assert (reply.headers or {}).get(STATUS) == "error"
+        envelope = common_pb2.Error.FromString(reply.data)
+        assert envelope.code == "INVALID_PAYLOAD"
+        assert envelope.kind == common_pb2.ERROR_KIND_INVALID_ARGUMENT
+        assert "parley.v1.GenerateRequest" in envelope.message
+    assert calls == []
+
+
+async def test_handler_crash_is_internal_without_the_exception_text(
+    bus: Bus, service: str, serve: Callable[[Handler], Awaitable[RpcServer]]
+) -> None:
+    async def crash(request: GenerateRequest) -> GenerateResponse:
+        raise RuntimeError("password=hunter2 in a stack trace")
+
+    await serve(crash)
+    for _ in range(2):  # the second call proves the server survived the first crash
+        with pytest.raises(Internal) as caught:
+            await RpcClient(bus).call(service, "Generate", GenerateRequest(prompt="x"), GenerateResponse)
+        err = caught.value
+        assert err.code == "INTERNAL"
+        assert "hunter2" not in f"{err.message} {err.hint}"
+        assert "RuntimeError" not in err.message
+
+
+async def test_caller_deadline_bounds_the_handler(
+    bus: Bus, service: str, serve: Callable[[Handler], Awaitable[RpcServer]]
+) -> None:
+    cancelled: list[str] = []
+
+    async def slow(request: GenerateRequest) -> GenerateResponse:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(request.prompt)
+            raise
+        raise AssertionError("unreachable")
+
+    await serve(slow)
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceeded) as caught:
+        await RpcClient(bus).call(
+            service, "Generate", GenerateRequest(prompt="a"), GenerateResponse, timeout=0.3
+        )
+    assert time.monotonic() - started < 3
+    assert caught.value.retryable
+
+    async def handler_cancelled() -> bool:
+        return cancelled == ["a"]
+
+    await eventually(handler_cancelled, timeout=5, what="handler cancelled at the caller's deadline")
+
+    # The server enforces the propagated deadline itself, and says so in the envelope.
+    subject = bus.subjects.rpc(service, "Generate")
+    headers = {DEADLINE: f"{time.time() + 0.3:.3f}"}
+    reply = await bus.nc.request(
+        subject, GenerateRequest(prompt="b").SerializeToString(), timeout=5, headers=headers
+    )
+    assert (reply.headers or {}).get(STATUS) == "error"
+    envelope = common_pb2.Error.FromString(reply.data)
+    assert (envelope.kind, envelope.code) == (common_pb2.ERROR_KIND_DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED")
+    assert cancelled == ["a", "b"]
+
+
+async def test_expired_deadline_is_not_handled(
+    bus: Bus, service: str, serve: Callable[[Handler], Awaitable[RpcServer]]
+) -> None:
+    calls: list[str] = []
+
+    async def handler(request: GenerateRequest) -> GenerateResponse:
+        calls.append(request.prompt)
+        return GenerateResponse()
+
+    await serve(handler)
+    headers = {DEADLINE: f"{time.time() - 1:.3f}"}
+    reply = await bus.nc.request(
+        bus.subjects.rpc(service, "Generate"),
+        GenerateRequest().SerializeToString(),
+        timeout=5,
+        headers=headers,
+    )
+    envelope = common_pb2.Error.FromString(reply.data)
+    assert envelope.kind == common_pb2.ERROR_KIND_DEADLINE_EXCEEDED
+    assert calls == []
+
+
+async def test_no_responders_is_unavailable_fast(bus: Bus, service: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(Unavailable) as caught:
+        await RpcClient(bus).call(service, "Generate", GenerateRequest(), GenerateResponse, timeout=5)
+    assert caught.value.code == "NO_RESPONDERS"
+    assert caught.value.retryable
+    assert time.monotonic() - started < 2
+
+
+async def test_unregistered_method_has_no_responders(
+    bus: Bus, service: str, serve: Callable[[Handler], Awaitable[RpcServer]]
+) -> None:
+    await serve(echo)
+    with pytest.raises(Unavailable) as caught:
+        await RpcClient(bus).call(service, "Embed", GenerateRequest(), GenerateResponse, timeout=5)
+    assert caught.value.code == "NO_RESPONDERS"
+
+
+async def test_replicas_share_requests_in_a_queue_group(bus: Bus, test_env: SessionEnv, service: str) -> None:
+    total = 200
+    served: dict[str, Counter[str]] = {"one": Counter(), "two": Counter()}
+    buses: list[Bus] = []
+    servers: list[RpcServer] = []
+    try:
+        for replica in served:
+            own = await Bus.connect(
+                test_env.nats_url, name=f"replica-{replica}", namespace=test_env.namespace
+            )
+            buses.append(own)
+
+            async def handler(request: GenerateRequest, replica: str = replica) -> GenerateResponse:
+                served[replica][request.prompt] += 1
+                await asyncio.sleep(0.005)  # simulated work, so both replicas are busy at once
+                return GenerateResponse(text=request.prompt.upper(), provider=replica)
+
+            server = RpcServer(own, service)
+            server.register("Generate", GenerateRequest, handler)
+            await server.start()
+            await own.nc.flush()
+            servers.append(server)
+
+        client = RpcClient(bus)
+        prompts = [f"p{i}" for i in range(total)]
+        replies = await asyncio.gather(
+            *(client.call(service, "Generate", GenerateRequest(prompt=p), GenerateResponse) for p in prompts)
+        )
+    finally:
+        for server in servers:
+            await server.stop(timeout=2)
+        for own in buses:
+            await own.close()
+
+    assert [r.text for r in replies] == [p.upper() for p in prompts]
+    one, two = served["one"], served["two"]
+    assert one, f"replica one took nothing ({len(two)} to two)"
+    assert two, f"replica two took nothing ({len(one)} to one)"
+    assert not set(one) & set(two)
+    assert set(one) | set(two) == set(prompts)
+    assert set(one.values()) | set(two.values()) == {1}
+    assert Counter(r.provider for r in replies) == {"one": len(one), "two": len(two)}
+
+
+async def test_stop_answers_requests_already_received(bus: Bus, service: str) -> None:
+    gate = asyncio.Event()
+    entered: list[str] = []
+
+    async def handler(request: GenerateRequest) -> GenerateResponse:
+        entered.append(request.prompt)
+        await gate.wait()
+        return GenerateResponse(text=request.prompt)
+
+    server = RpcServer(bus, service, max_concurrency=1)
+    server.register("Generate", GenerateRequest, handler)
+    await server.start()
+    await bus.nc.flush()
+    sub = server._subs[0]
+    client = RpcClient(bus)
+    calls = [
+        asyncio.create_task(
+            client.call(service, "Generate", GenerateRequest(prompt=p), GenerateResponse, timeout=4)
+        )
+        for p in "abc"
+    ]
+
+    async def all_received() -> bool:
+        return entered == ["a"] and sub.delivered == 3
+
+    await eventually(all_received, what="three requests at the replica, one being served")
+    stopping = asyncio.create_task(server.stop(timeout=5))
+
+    async def intake_stopped() -> bool:
+        try:
+            await client.call(
+                service, "Generate", GenerateRequest(prompt="late"), GenerateResponse, timeout=0.5
+            )
+        except Unavailable:
+            return True
+        except DeadlineExceeded:
+            return False
+        raise AssertionError("a request after stop() was served")
+
+    await eventually(intake_stopped, what="no responders once stopping")
+    gate.set()
+    started = time.monotonic()
+    async with asyncio.timeout(10):
+        replies = await asyncio.gather(*calls, return_exceptions=True)
+        await stopping
+    assert [getattr(r, "text", r) for r in replies] == ["a", "b", "c"]
+    assert time.monotonic() - started < 2, "queued requests waited out their deadline"
