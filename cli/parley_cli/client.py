@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, TypeVar
 
 import grpc
 
@@ -18,29 +18,41 @@ from parley_platform.grpcserver import error_from_rpc_error
 from . import config
 
 TERMINAL_SOURCE = "terminal"
+S = TypeVar("S")
+Metadata = list[tuple[str, str]]
 
 
 @asynccontextmanager
-async def runtime_stub() -> AsyncIterator[tuple[runtime_pb2_grpc.RuntimeStub, list[tuple[str, str]]]]:
+async def service_stub(
+    service: str, stub_class: Callable[[grpc.aio.Channel], S]
+) -> AsyncIterator[tuple[S, Metadata]]:
+    """A gRPC stub of one of the suite's services, with the operator token to send along."""
     token = config.operator_token()
     if token is None:
         raise Unauthenticated(
             "no operator token: set PARLEY_OPERATOR_TOKEN",
             hint="`parley run` writes one to .parley/operator-token",
         )
-    async with grpc.aio.insecure_channel(config.grpc_address("runtime")) as channel:
-        yield runtime_pb2_grpc.RuntimeStub(channel), [("authorization", f"Bearer {token}")]
+    async with grpc.aio.insecure_channel(config.grpc_address(service)) as channel:
+        yield stub_class(channel), [("authorization", f"Bearer {token}")]
 
 
-async def call(method: Any, request: Any, metadata: list[tuple[str, str]], timeout: float = 10.0) -> Any:
+def runtime_stub() -> AbstractAsyncContextManager[tuple[runtime_pb2_grpc.RuntimeStub, Metadata]]:
+    return service_stub("runtime", runtime_pb2_grpc.RuntimeStub)
+
+
+async def call(
+    method: Any, request: Any, metadata: Metadata, timeout: float = 10.0, service: str = "runtime"
+) -> Any:
+    """Call one RPC; a service that is not running and every Parley error become a clear ParleyError."""
     try:
         return await method(request, metadata=metadata, timeout=timeout)
     except grpc.aio.AioRpcError as exc:
         if exc.code() == grpc.StatusCode.UNAVAILABLE:
             raise FailedPrecondition(
-                f"the runtime is not reachable at {config.grpc_address('runtime')}",
-                code="RUNTIME_UNREACHABLE",
-                hint="start the suite with `make run` (or set PARLEY_RUNTIME_ADDR)",
+                f"the {service} is not reachable at {config.grpc_address(service)}",
+                code="SERVICE_UNREACHABLE",
+                hint=f"start the suite with `make run` (or set {config.address_env(service)})",
             ) from exc
         raise error_from_rpc_error(exc) from exc
 

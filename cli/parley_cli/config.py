@@ -4,17 +4,38 @@ from __future__ import annotations
 
 import os
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 
 from parley_platform import infra
 
-DEFAULT_PORTS = {
-    "runtime": (50051, 9101),
-    "model-gateway": (50052, 9102),
-    "scheduler": (50053, 9103),
-    "authz": (50054, 9104),
-    "pairing": (50055, 9105),
-}
+
+@dataclass(frozen=True)
+class Service:
+    """A service of the suite: its module and ports (``PARLEY_<KEY>_GRPC_PORT``, ``_METRICS_PORT``)."""
+
+    name: str
+    module: str
+    key: str
+    grpc_port: int
+    metrics_port: int
+
+    @property
+    def grpc_env(self) -> str:
+        return f"PARLEY_{self.key}_GRPC_PORT"
+
+    @property
+    def metrics_env(self) -> str:
+        return f"PARLEY_{self.key}_METRICS_PORT"
+
+
+# In start order: `parley run` starts them top to bottom and stops them bottom to top.
+# The runtime comes last because it calls the others.
+SERVICES = [
+    Service("model-gateway", "parley_gateway", "GATEWAY", 50052, 9102),
+    Service("runtime", "parley_runtime", "RUNTIME", 50051, 9101),
+]
+SERVICE_BY_NAME = {service.name: service for service in SERVICES}
 
 
 def state_dir() -> Path:
@@ -50,8 +71,17 @@ def namespace() -> str:
     return os.environ.get("PARLEY_NAMESPACE", "parley")
 
 
+def address_env(service: str) -> str:
+    return f"PARLEY_{service.upper().replace('-', '_')}_ADDR"
+
+
 def grpc_address(service: str) -> str:
-    env = {"runtime": "PARLEY_RUNTIME_GRPC_PORT", "model-gateway": "PARLEY_GATEWAY_GRPC_PORT"}.get(service)
-    port = int(os.environ.get(env, DEFAULT_PORTS[service][0])) if env else DEFAULT_PORTS[service][0]
+    """``PARLEY_<NAME>_ADDR`` (e.g. PARLEY_RUNTIME_ADDR), else the local host and the service's gRPC port."""
+    spec = SERVICE_BY_NAME[service]
+    explicit = os.environ.get(address_env(service))
+    if explicit:
+        return explicit
     host = os.environ.get("PARLEY_GRPC_HOST", "127.0.0.1")
-    return os.environ.get(f"PARLEY_{service.upper().replace('-', '_')}_ADDR", f"{host}:{port}")
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return f"{host}:{os.environ.get(spec.grpc_env, spec.grpc_port)}"

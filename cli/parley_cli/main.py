@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Coroutine
+from types import ModuleType
 from typing import Any
 
 from parley.v1 import common_pb2, runtime_pb2
@@ -127,6 +128,11 @@ async def cmd_memories(args: argparse.Namespace) -> int:
     return 0
 
 
+# Each service's operator commands live in a module of their own with a
+# `register(subparsers)` function; add the module here.
+COMMAND_MODULES: list[ModuleType] = []
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parley", description="Run and talk to the Parley agent runtime.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -170,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--room", help="only this room id")
     p.add_argument("--table", default="messages")
     p.set_defaults(coro=cmd_memories)
+
+    for module in COMMAND_MODULES:
+        module.register(sub)
     return parser
 
 

@@ -40,26 +40,16 @@ class ServiceSpec:
 
 
 def service_specs() -> list[ServiceSpec]:
-    def port(env: str, default: int) -> int:
-        return int(os.environ.get(env, default))
-
     return [
         ServiceSpec(
-            "model-gateway",
-            "parley_gateway",
-            "PARLEY_GATEWAY_GRPC_PORT",
-            "PARLEY_GATEWAY_METRICS_PORT",
-            port("PARLEY_GATEWAY_GRPC_PORT", 50052),
-            port("PARLEY_GATEWAY_METRICS_PORT", 9102),
-        ),
-        ServiceSpec(
-            "runtime",
-            "parley_runtime",
-            "PARLEY_RUNTIME_GRPC_PORT",
-            "PARLEY_RUNTIME_METRICS_PORT",
-            port("PARLEY_RUNTIME_GRPC_PORT", 50051),
-            port("PARLEY_RUNTIME_METRICS_PORT", 9101),
-        ),
+            s.name,
+            s.module,
+            s.grpc_env,
+            s.metrics_env,
+            int(os.environ.get(s.grpc_env, s.grpc_port)),
+            int(os.environ.get(s.metrics_env, s.metrics_port)),
+        )
+        for s in config.SERVICES
     ]
 
 

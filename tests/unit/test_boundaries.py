@@ -9,19 +9,22 @@ import pytest
 
 from support import ROOT
 
+SERVICE_PACKAGES = {
+    package.name: package
+    for package in (ROOT / "services").glob("*/parley_*")
+    if (package / "__init__.py").exists()
+}
 PACKAGES = {
-    "parley_runtime": ROOT / "services" / "runtime" / "parley_runtime",
-    "parley_gateway": ROOT / "services" / "model_gateway" / "parley_gateway",
+    **SERVICE_PACKAGES,
     "parley_platform": ROOT / "libs" / "platform" / "parley_platform",
     "parley_cli": ROOT / "cli" / "parley_cli",
 }
-SERVICES = {"parley_runtime", "parley_gateway"}
-ALLOWED = {
-    "parley_runtime": {"parley", "parley_platform", "parley_runtime"},
-    "parley_gateway": {"parley", "parley_platform", "parley_gateway"},
-    "parley_platform": {"parley", "parley_platform"},
-    "parley_cli": {"parley", "parley_platform", "parley_cli"},
-}
+SHARED = {"parley", "parley_platform"}
+ALLOWED = {name: SHARED | {name} for name in PACKAGES}
+
+
+def test_every_service_is_checked() -> None:
+    assert {"parley_runtime", "parley_gateway"} <= set(SERVICE_PACKAGES)
 
 
 def _first_party_imports(package: Path) -> set[tuple[str, str]]:
