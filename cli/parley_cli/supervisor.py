@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -77,7 +78,9 @@ class Supervisor:
         self.pumps: set[asyncio.Task[None]] = set()
 
     def say(self, text: str) -> None:
-        print(text, flush=True)
+        # A closed terminal or pipe must not stop the supervisor from shutting everything down.
+        with contextlib.suppress(OSError):
+            print(text, flush=True)
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -136,6 +139,7 @@ class Supervisor:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         self.pumps.add(asyncio.create_task(self.pump(spec, index)))
 
@@ -149,7 +153,7 @@ class Supervisor:
             line = raw.decode(errors="replace").rstrip("\n")
             if spec.log:
                 spec.log.write(line + "\n")
-            print(prefix + line, flush=True)
+            self.say(prefix + line)
 
     async def ready(self, spec: ServiceSpec, timeout: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -169,18 +173,18 @@ class Supervisor:
         lines = [
             "",
             "Parley is running.",
-            f"  NATS        {endpoints.nats_url}" + ("  (embedded)" if endpoints.nats_embedded else ""),
-            f"  PostgreSQL  {_hide_password(endpoints.database_url)}"
+            f"  NATS          {endpoints.nats_url}" + ("  (embedded)" if endpoints.nats_embedded else ""),
+            f"  PostgreSQL    {_hide_password(endpoints.database_url)}"
             + ("  (embedded)" if endpoints.postgres_embedded else ""),
         ]
         for spec in self.specs:
             lines.append(
-                f"  {spec.name:<12}gRPC 127.0.0.1:{spec.grpc_port}   metrics "
+                f"  {spec.name:<14}gRPC 127.0.0.1:{spec.grpc_port}   metrics "
                 f"http://127.0.0.1:{spec.metrics_port}/metrics"
             )
         lines += [
-            f"  logs        {self.logs}/",
-            f"  token       {self.state / 'operator-token'}",
+            f"  logs          {self.logs}/",
+            f"  token         {self.state / 'operator-token'}",
             "",
             "Talk to the agent from another terminal:",
             '  .venv/bin/parley send --agent default "hello"',
@@ -236,6 +240,14 @@ class Supervisor:
             if stopped:
                 self.say("parley run: stopped embedded " + ", ".join(stopped))
         self.say("parley run: stopped.")
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux for SIGTERM when the supervisor dies, however it dies,
+    so that no service outlives `parley run` (children run in their own session, away from Ctrl-C)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _hide_password(url: str) -> str:
