@@ -14,10 +14,12 @@ from parley_gateway.scripted import Rule, ScriptedProvider, load_rules
 from parley_platform.consumer import Poison
 from parley_platform.errors import InvalidArgument
 from parley_runtime import ids
+from parley_runtime.agents import AgentInfo
 from parley_runtime.character import Character, load_characters, parse_character
+from parley_runtime.context import State
 from parley_runtime.parser import normalize_actions, parse_response
-from parley_runtime.prompt import Line, build_turn_prompt, join_segments
-from parley_runtime.turn import AgentInfo, decode_inbound
+from parley_runtime.prompt import build_turn_prompt, join_segments
+from parley_runtime.turn import decode_inbound
 from support import ROOT
 
 
@@ -64,19 +66,24 @@ def test_ids_are_deterministic_and_scoped_by_agent() -> None:
 
 def test_prompt_segments_join_to_the_prompt_and_stable_comes_first() -> None:
     character = Character(name="Ada", system="Be brief.", bio=["Engineer."])
-    segments = build_turn_prompt(character, [Line("bob", "earlier\nline")], Line("bob", "now?"))
+    state = State(
+        texts={"CHARACTER": "# About Ada", "RECENT_MESSAGES": "bob: earlier line", "ACTIONS": "- REPLY"}
+    )
+    segments = build_turn_prompt(character, state, "bob", "now?")
     assert [s.stable for s in segments] == [True, False, False]
     prompt = join_segments(segments)
     assert prompt == "".join(s.content for s in segments)
     assert "You are Ada." in segments[0].content
-    assert "bob: earlier line" in prompt
+    assert "# About Ada" in segments[0].content
+    assert "- REPLY" in segments[0].content
+    assert "bob: earlier line" in segments[1].content
     assert prompt.endswith("# Current message\nbob: now?\n")
 
 
 async def test_scripted_echo_answers_in_the_response_contract() -> None:
     provider = ScriptedProvider()
     character = Character(name="Ada")
-    prompt = join_segments(build_turn_prompt(character, [], Line("bob", 'a <tag> & "quotes"')))
+    prompt = join_segments(build_turn_prompt(character, State(), "bob", 'a <tag> & "quotes"'))
     completion = await provider.generate(ProviderRequest(model_type="TEXT_LARGE", prompt=prompt))
     parsed = parse_response(completion.text)
     assert parsed is not None

@@ -10,7 +10,7 @@ from parley.v1 import model_pb2
 from parley_platform.errors import FailedPrecondition, InvalidArgument
 from parley_platform.metrics import LATENCY_BUCKETS
 
-from .provider import Provider, ProviderRequest
+from .provider import Embedder, Provider, ProviderRequest
 
 MODEL_TYPES = {
     value: name.removeprefix("MODEL_TYPE_") for name, value in model_pb2.ModelType.items() if value
@@ -61,10 +61,38 @@ def validate_generate(request: model_pb2.GenerateRequest) -> str:
     return model_type
 
 
+MAX_EMBED_TEXTS = 256
+MAX_EMBED_CHARS = 32_000
+
+
 class GatewayApi:
-    def __init__(self, providers: dict[str, Provider], metrics: GatewayMetrics) -> None:
+    def __init__(self, providers: dict[str, Provider], embedder: Embedder, metrics: GatewayMetrics) -> None:
         self.providers = providers
+        self.embedder = embedder
         self.metrics = metrics
+
+    async def Embed(self, request: model_pb2.EmbedRequest) -> model_pb2.EmbedResponse:
+        texts = list(request.texts)
+        if not texts:
+            raise InvalidArgument("texts must not be empty", code="TEXTS_REQUIRED")
+        if len(texts) > MAX_EMBED_TEXTS:
+            raise InvalidArgument(f"at most {MAX_EMBED_TEXTS} texts per call", code="TOO_MANY_TEXTS")
+        too_long = next((i for i, t in enumerate(texts) if len(t) > MAX_EMBED_CHARS), None)
+        if too_long is not None:
+            raise InvalidArgument(
+                f"texts[{too_long}] is over {MAX_EMBED_CHARS} characters", code="TEXT_TOO_LONG"
+            )
+        started = time.perf_counter()
+        result = await self.embedder.embed(texts)
+        self.metrics.requests.labels(self.embedder.name, "EMBEDDING", "ok").inc()
+        self.metrics.duration.labels(self.embedder.name, "EMBEDDING").observe(time.perf_counter() - started)
+        self.metrics.tokens.labels(self.embedder.name, "input").inc(result.input_tokens)
+        return model_pb2.EmbedResponse(
+            embeddings=[model_pb2.Embedding(values=v) for v in result.vectors],
+            dimension=result.dimension,
+            model=result.model,
+            usage=model_pb2.Usage(input_tokens=result.input_tokens),
+        )
 
     async def Generate(self, request: model_pb2.GenerateRequest) -> model_pb2.GenerateResponse:
         model_type = validate_generate(request)

@@ -20,7 +20,7 @@ from parley_platform.service import grpc_binding, register_nats
 from .api import MODEL_TYPES, GatewayApi, GatewayMetrics
 from .config import GatewaySettings
 from .provider import Provider
-from .scripted import ScriptedProvider, load_rules
+from .scripted import HashingEmbedder, ScriptedProvider, load_rules
 
 log = get_logger(__name__)
 
@@ -50,7 +50,7 @@ class GatewayApp:
                 code="OPERATOR_TOKEN_REQUIRED",
                 hint="`parley run` sets one for you; otherwise choose a long random string",
             )
-        self.api = GatewayApi(build_providers(s), GatewayMetrics(self.registry))
+        self.api = GatewayApi(build_providers(s), HashingEmbedder(), GatewayMetrics(self.registry))
         self.bus = await Bus.connect(s.nats_url, name="model-gateway", namespace=s.namespace)
         self.rpc_server = RpcServer(self.bus, SERVICE, metrics=MessagingMetrics(self.registry))
         register_nats(self.rpc_server, self.api, model_pb2, "ModelGateway")

@@ -27,8 +27,26 @@ class Completion:
     finish_reason: str = "stop"
 
 
+@dataclass(frozen=True)
+class Embeddings:
+    vectors: list[list[float]]
+    model: str
+    input_tokens: int = 0
+
+    @property
+    def dimension(self) -> int:
+        return len(self.vectors[0]) if self.vectors else 0
+
+
 class Provider(Protocol):
     name: str
     model: str
 
     async def generate(self, request: ProviderRequest) -> Completion: ...
+
+
+class Embedder(Protocol):
+    name: str
+    dimension: int
+
+    async def embed(self, texts: list[str]) -> Embeddings: ...

@@ -9,7 +9,9 @@ answers the prompt's current message with a friendly echo.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from parley_platform.errors import InvalidArgument
 
-from .provider import Completion, ProviderRequest
+from .provider import Completion, Embeddings, ProviderRequest
 
 
 class Rule(BaseModel):
@@ -117,6 +119,27 @@ class ScriptedProvider:
                 text=text, input_tokens=_tokens(prompt), output_tokens=_tokens(text), finish_reason="stop"
             )
         raise AssertionError("the fallback rule matches every prompt")
+
+
+class HashingEmbedder:
+    """Deterministic embeddings without a model: words hashed into a fixed number of buckets,
+    L2-normalised. Texts sharing words are close, so search behaves sensibly in tests and benchmarks."""
+
+    name = "scripted"
+    model = "hashing-384"
+    dimension = 384
+
+    async def embed(self, texts: list[str]) -> Embeddings:
+        return Embeddings([self._vector(t) for t in texts], self.model, sum(_tokens(t) for t in texts))
+
+    def _vector(self, text: str) -> list[float]:
+        vector = [0.0] * self.dimension
+        for word in re.findall(r"\w+", text.lower()):
+            digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
+            bucket = int.from_bytes(digest[:4], "big") % self.dimension
+            vector[bucket] += 1.0 if digest[4] & 1 else -1.0
+        norm = math.sqrt(sum(v * v for v in vector))
+        return [v / norm for v in vector] if norm else vector
 
 
 def _tokens(text: str) -> int:

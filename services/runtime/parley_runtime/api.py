@@ -15,7 +15,8 @@ from parley_platform.bus import Bus
 from parley_platform.errors import DeadlineExceeded, InvalidArgument, NotFound
 from parley_platform.paging import cut, page_of
 
-from .turn import ROOM_TYPES, AgentInfo
+from .agents import AgentInfo
+from .turn import ROOM_TYPES
 
 ROOM_TYPE_VALUES: dict[str, Any] = {name: value for value, name in ROOM_TYPES.items() if value}
 MEMORY_KINDS = {"messages", "facts", "documents", "fragments", "reflections"}

@@ -19,11 +19,14 @@ from parley_platform.postgres import Database, migrate
 from parley_platform.rpc import RpcClient, RpcServer
 from parley_platform.service import grpc_binding, register_nats
 
+from .agent_settings import trajectory_logging_enabled
+from .agents import AgentInfo
 from .api import API_SOURCE, ReplyWaiters, RuntimeApi
-from .character import load_characters
+from .character import Character, load_characters
 from .config import RuntimeSettings
+from .secrets import SecretBox, check_salt
 from .store import MIGRATIONS_DIR, SCHEMA, RuntimeStore
-from .turn import AgentInfo, TurnMetrics, TurnProcessor
+from .turn import TurnMetrics, TurnProcessor, TurnSettings
 
 log = get_logger(__name__)
 
@@ -38,6 +41,7 @@ class RuntimeApp:
         self.grpc: GrpcServer | None = None
         self.metrics_server: MetricsServer | None = None
         self.consumer: PullConsumer | None = None
+        self.turns: TurnProcessor | None = None
         self.rpc_server: RpcServer | None = None
         self.bus: Bus | None = None
         self.db: Database | None = None
@@ -57,16 +61,24 @@ class RuntimeApp:
                 code="NO_CHARACTERS",
                 hint="add a YAML character, e.g. characters/default.yaml",
             )
+        salt = check_salt(
+            s.secret_salt.get_secret_value() if s.secret_salt else None,
+            environment=s.environment.value,
+            allow_default=s.allow_default_secret_salt,
+        )
+        self.secret_box = SecretBox(salt)
+        trajectory_logging = trajectory_logging_enabled(s.trajectory_logging, s.environment.value)
         await migrate(s.database_url, SCHEMA, MIGRATIONS_DIR)
         self.db = Database(s.database_url, name=SERVICE, min_size=s.db_pool_min, max_size=s.db_pool_max)
         await self.db.open()
         self.store = RuntimeStore(self.db)
         for character in characters:
-            self.agents[str(character.agent_id)] = AgentInfo(character.agent_id, character)
-            await self.store.upsert_agent(
-                character.agent_id, character.name, character.document(), character.enabled
-            )
-        log.info("agents loaded", agents=",".join(c.name for c in characters))
+            await self.load_agent(character)
+        log.info(
+            "agents loaded",
+            agents=",".join(c.name for c in characters),
+            trajectory_logging=trajectory_logging,
+        )
 
         self.bus = await Bus.connect(s.nats_url, name=SERVICE, namespace=s.namespace)
         await self.bus.ensure_standard_streams()
@@ -77,10 +89,14 @@ class RuntimeApp:
             rpc=RpcClient(self.bus),
             agents=self.agents,
             metrics=TurnMetrics(self.registry),
-            max_text_bytes=s.max_text_bytes,
-            max_deliver=s.max_deliver,
-            model_timeout=s.model_timeout_seconds,
-            recent_messages=s.recent_messages,
+            settings=TurnSettings(
+                max_text_bytes=s.max_text_bytes,
+                max_deliver=s.max_deliver,
+                model_timeout=s.model_timeout_seconds,
+                history=s.recent_messages,
+                provider_timeout=s.provider_timeout_seconds,
+                trajectory_logging=trajectory_logging,
+            ),
         )
         subjects = self.bus.subjects
         self.waiters = ReplyWaiters()
@@ -119,11 +135,26 @@ class RuntimeApp:
             namespace=s.namespace,
         )
 
+    async def load_agent(self, character: Character) -> AgentInfo:
+        """Validate the character's plugins, store it (secrets encrypted) and serve it."""
+        agent = AgentInfo(character.agent_id, character, enabled=character.enabled)
+        await self.store.upsert_agent(
+            character.agent_id, character.name, character.document(), character.enabled
+        )
+        await self.store.store_secrets(
+            character.agent_id,
+            {name: self.secret_box.encrypt(value, name=name) for name, value in character.secrets.items()},
+        )
+        self.agents[str(character.agent_id)] = agent
+        return agent
+
     async def stop(self) -> None:
         timeout = self.settings.shutdown_timeout_seconds
         steps: list[tuple[str, Callable[[], Awaitable[object]]]] = []
         if self.consumer:
             steps.append(("consumer", partial(self.consumer.stop, timeout)))
+        if self.turns:
+            steps.append(("evaluators", partial(self.turns.drain, 5)))
         if self.grpc:
             steps.append(("grpc", partial(self.grpc.stop, 2)))
         if self.rpc_server:

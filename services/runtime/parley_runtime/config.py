@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from parley_platform.settings import Settings
 
@@ -17,3 +17,9 @@ class RuntimeSettings(Settings):
     ack_wait_seconds: float = Field(default=60.0, gt=0)
     model_timeout_seconds: float = Field(default=30.0, gt=0)
     recent_messages: int = Field(default=10, ge=0, le=100)
+    provider_timeout_seconds: float = Field(default=5.0, gt=0)
+    # Truthy enables, a non-empty falsy value disables, blank counts as unset; unset means on in
+    # development and off under test and production.
+    trajectory_logging: str | None = None
+    secret_salt: SecretStr | None = None
+    allow_default_secret_salt: bool = False

@@ -1,8 +1,9 @@
-"""The runtime's storage: named queries over the ``runtime`` schema."""
+"""The runtime's storage: named queries over the ``runtime`` schema, every one filtered by agent."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,18 @@ class Ingested:
     previous_state: str | None  # None for a message seen for the first time
     previous_response_id: uuid.UUID | None
     attempts: int
-    lease_token: int | None
+    lease_token: int | None  # None: this copy did not get the room's lease
     history: list[dict[str, Any]]  # the room's recent messages, oldest first
+    participants: list[dict[str, Any]]
+    agent_room_state: dict[str, Any] | None
+    world_metadata: dict[str, Any] | None
+    sender_role: str | None
+    replies_to_agent: bool
+
+
+def _vector(values: Sequence[float] | None) -> str | None:
+    """pgvector's text form; the SQL casts it with ::vector."""
+    return None if values is None else "[" + ",".join(repr(float(v)) for v in values) + "]"
 
 
 class RuntimeStore:
@@ -54,34 +65,41 @@ class RuntimeStore:
             previous_response_id=row["previous_response_id"],
             attempts=row["attempts"] or 0,
             lease_token=row["lease_token"],
-            history=row["history"],
+            history=row["history"] or [],
+            participants=row["participants"] or [],
+            agent_room_state=row["agent_room_state"],
+            world_metadata=row["world_metadata"],
+            sender_role=row["sender_role"],
+            replies_to_agent=bool(row["replies_to_agent"]),
         )
 
-    async def save_reply(
+    async def save_replies(
         self,
         *,
         agent_id: uuid.UUID,
         room_id: uuid.UUID,
         turn_id: uuid.UUID,
         lease_token: int,
-        response_id: uuid.UUID,
-        content: dict[str, Any],
+        replies: Sequence[tuple[uuid.UUID, dict[str, Any]]],
         source: str,
         trajectory: dict[str, Any] | None,
+        keep: bool,
     ) -> str | None:
+        """Returns 'replied', 'superseded', or None when a copy of the message holds the turn."""
         row = await self.db.fetchone(
-            Q["save_reply"],
+            Q["save_replies"],
             {
                 "agent_id": agent_id,
                 "room_id": room_id,
                 "turn_id": turn_id,
                 "lease_token": lease_token,
-                "response_id": response_id,
-                "content": Jsonb(content),
+                "response_ids": [rid for rid, _ in replies],
+                "contents": [Jsonb(content) for _, content in replies],
                 "source": source,
                 "trajectory": Jsonb(trajectory) if trajectory is not None else None,
+                "keep": keep,
             },
-            what="save reply",
+            what="save replies",
         )
         return None if row is None else str(row["state"])
 
@@ -92,7 +110,9 @@ class RuntimeStore:
         state: str,
         *,
         lease_token: int | None,
+        reason: str | None = None,
         error: str | None = None,
+        trajectory: dict[str, Any] | None = None,
     ) -> bool:
         row = await self.db.fetchone(
             Q["finish_turn"],
@@ -100,12 +120,167 @@ class RuntimeStore:
                 "agent_id": agent_id,
                 "turn_id": turn_id,
                 "state": state,
+                "reason": reason,
                 "error": error,
                 "lease_token": lease_token,
+                "trajectory": Jsonb(trajectory) if trajectory is not None else None,
             },
             what="finish turn",
         )
         return row is not None
+
+    async def save_ignore(
+        self,
+        *,
+        agent_id: uuid.UUID,
+        room_id: uuid.UUID,
+        turn_id: uuid.UUID,
+        memory_id: uuid.UUID,
+        lease_token: int,
+        content: dict[str, Any],
+        source: str,
+        reason: str,
+        trajectory: dict[str, Any] | None,
+    ) -> bool:
+        row = await self.db.fetchone(
+            Q["save_ignore"],
+            {
+                "agent_id": agent_id,
+                "room_id": room_id,
+                "turn_id": turn_id,
+                "memory_id": memory_id,
+                "lease_token": lease_token,
+                "content": Jsonb(content),
+                "source": source,
+                "reason": reason,
+                "trajectory": Jsonb(trajectory) if trajectory is not None else None,
+            },
+            what="save ignore",
+        )
+        return row is not None
+
+    async def add_trajectory(self, agent_id: uuid.UUID, turn_id: uuid.UUID, patch: dict[str, Any]) -> None:
+        await self.db.execute(
+            Q["add_trajectory"],
+            {"agent_id": agent_id, "turn_id": turn_id, "patch": Jsonb(patch)},
+            what="trajectory",
+        )
+
+    async def list_replies(self, agent_id: uuid.UUID, turn_id: uuid.UUID) -> list[Row]:
+        return await self.db.fetchall(
+            Q["list_replies"], {"agent_id": agent_id, "turn_id": turn_id}, what="replies"
+        )
+
+    async def set_room_state(
+        self, agent_id: uuid.UUID, room_id: uuid.UUID, state: str | None, mute_until: Any = None
+    ) -> None:
+        await self.db.execute(
+            Q["set_room_state"],
+            {"agent_id": agent_id, "room_id": room_id, "state": state, "mute_until": mute_until},
+            what="set room state",
+        )
+
+    async def lift_expired_mute(self, agent_id: uuid.UUID, room_id: uuid.UUID) -> bool:
+        row = await self.db.fetchone(
+            Q["lift_expired_mute"], {"agent_id": agent_id, "room_id": room_id}, what="lift mute"
+        )
+        return row is not None
+
+    async def lift_expired_world_mute(self, agent_id: uuid.UUID, world_id: uuid.UUID) -> bool:
+        row = await self.db.fetchone(
+            Q["lift_expired_world_mute"], {"agent_id": agent_id, "world_id": world_id}, what="lift world mute"
+        )
+        return row is not None
+
+    async def claim_effect(self, agent_id: uuid.UUID, turn_id: uuid.UUID, index: int, action: str) -> bool:
+        """True when this call wrote the claim; False when one existed already."""
+        row = await self.db.fetchone(
+            Q["claim_effect"],
+            {"agent_id": agent_id, "turn_id": turn_id, "action_index": index, "action": action},
+            what="claim effect",
+        )
+        return row is not None
+
+    async def get_effect(self, agent_id: uuid.UUID, turn_id: uuid.UUID, index: int) -> Row | None:
+        return await self.db.fetchone(
+            Q["get_effect"],
+            {"agent_id": agent_id, "turn_id": turn_id, "action_index": index},
+            what="get effect",
+        )
+
+    async def complete_effect(
+        self, agent_id: uuid.UUID, turn_id: uuid.UUID, index: int, result: dict[str, Any]
+    ) -> None:
+        await self.db.execute(
+            Q["complete_effect"],
+            {"agent_id": agent_id, "turn_id": turn_id, "action_index": index, "result": Jsonb(result)},
+            what="complete effect",
+        )
+
+    async def remember(
+        self,
+        *,
+        agent_id: uuid.UUID,
+        memory_id: uuid.UUID,
+        kind: str,
+        text: str,
+        room_id: uuid.UUID | None,
+        entity_id: uuid.UUID | None,
+        source: str | None,
+        embedding: Sequence[float] | None,
+        metadata: dict[str, Any],
+    ) -> None:
+        await self.db.execute(
+            Q["remember"],
+            {
+                "agent_id": agent_id,
+                "id": memory_id,
+                "kind": kind,
+                "content": Jsonb({"text": text}),
+                "room_id": room_id,
+                "entity_id": entity_id,
+                "source": source,
+                "embedding": _vector(embedding),
+                "metadata": Jsonb(metadata),
+            },
+            what="remember",
+        )
+
+    async def set_embedding(
+        self, agent_id: uuid.UUID, memory_id: uuid.UUID, embedding: Sequence[float]
+    ) -> None:
+        await self.db.execute(
+            Q["set_embedding"],
+            {"agent_id": agent_id, "id": memory_id, "embedding": _vector(embedding)},
+            what="set embedding",
+        )
+
+    async def search_memories(
+        self,
+        agent_id: uuid.UUID,
+        embedding: Sequence[float],
+        *,
+        kind: str,
+        limit: int,
+        room_id: uuid.UUID | None = None,
+    ) -> list[Row]:
+        return await self.db.fetchall(
+            Q["search_memories"],
+            {
+                "agent_id": agent_id,
+                "embedding": _vector(embedding),
+                "kind": kind,
+                "limit": limit,
+                "room_id": room_id,
+            },
+            what="search memories",
+        )
+
+    async def has_memories(self, agent_id: uuid.UUID, kind: str) -> bool:
+        row = await self.db.fetchone(
+            Q["has_memories"], {"agent_id": agent_id, "kind": kind}, what="has memories"
+        )
+        return bool(row and row["found"])
 
     async def get_memory(self, agent_id: uuid.UUID, memory_id: uuid.UUID) -> Row | None:
         return await self.db.fetchone(
@@ -137,3 +312,27 @@ class RuntimeStore:
             {"agent_id": agent_id, "room_id": room_id, "limit": limit, "offset": offset},
             what="list turns",
         )
+
+    async def store_secrets(self, agent_id: uuid.UUID, encrypted: Mapping[str, str]) -> None:
+        """Replace the agent's secrets with these (name → ciphertext)."""
+        async with self.db.connection("store secrets") as conn, conn.transaction():
+            for name, ciphertext in encrypted.items():
+                await conn.execute(
+                    Q["upsert_secret"], {"agent_id": agent_id, "name": name, "ciphertext": ciphertext}
+                )
+            await conn.execute(Q["delete_other_secrets"], {"agent_id": agent_id, "keep": list(encrypted)})
+
+    async def list_secrets(self, agent_id: uuid.UUID) -> list[Row]:
+        return await self.db.fetchall(Q["list_secrets"], {"agent_id": agent_id}, what="list secrets")
+
+    async def get_agent(self, ref: uuid.UUID | None, name: str | None) -> Row | None:
+        return await self.db.fetchone(Q["get_agent"], {"id": ref, "name": name}, what="get agent")
+
+    async def set_agent_enabled(self, agent_id: uuid.UUID, enabled: bool) -> bool:
+        row = await self.db.fetchone(
+            Q["set_agent_enabled"], {"id": agent_id, "enabled": enabled}, what="enable"
+        )
+        return row is not None
+
+    async def get_turn(self, agent_id: uuid.UUID, turn_id: uuid.UUID) -> Row | None:
+        return await self.db.fetchone(Q["get_turn"], {"agent_id": agent_id, "id": turn_id}, what="get turn")

@@ -1,17 +1,23 @@
-"""One agent turn: ingest → lease → prompt → model → parse → deliver → ack.
+"""One agent turn, in the spec's order: ingest → lease → gates → should-respond →
+compose state → model → parse → (provider re-ask) → actions → stale check →
+deliver → ack → evaluators, with events along the way.
 
 Exactly-once delivery rests on three things: the inbound message is stored
-once (unique per agent/source/external id), the reply id is derived from the
+once (unique per agent/source/external id), reply ids are derived from the
 inbound id (so a republished reply is deduplicated by JetStream), and the
-inbound message is acked only after the reply is durably published.
+inbound message is acked only after the replies are durably published.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -22,27 +28,39 @@ from psycopg.types.json import Jsonb
 from parley.v1 import model_pb2, runtime_pb2
 from parley_platform.bus import Bus
 from parley_platform.consumer import Delivery, Poison, is_permanent
+from parley_platform.errors import ParleyError
 from parley_platform.logging import get_logger
 from parley_platform.metrics import LATENCY_BUCKETS
 from parley_platform.rpc import RpcClient
 
 from . import ids
-from .character import Character
-from .parser import normalize_actions, parse_or_plain
-from .prompt import Line, build_turn_prompt, join_segments
-from .store import RuntimeStore
+from .actions import describe, permission_error, resolve_action_args, schema_errors
+from .agent_settings import setting_list
+from .agents import AgentInfo
+from .context import HistoryLine, MemoryHit, MessageView, Participant, State, TurnContext
+from .parser import ParsedResponse, normalize_actions, parse_or_plain, parse_response
+from .plugin import ActionResult, Content, Provider
+from .prompt import Segment, build_turn_prompt, join_segments
+from .store import Ingested, RuntimeStore
 
 log = get_logger(__name__)
 
 SOURCE_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 ROOM_TYPES = {value: name.removeprefix("ROOM_TYPE_") for name, value in runtime_pb2.RoomType.items()}
 ROOM_TYPES[runtime_pb2.ROOM_TYPE_UNSPECIFIED] = "GROUP"
+ALWAYS_RESPOND_ROOMS = frozenset({"DM", "VOICE_DM", "SELF", "API"})
+ROLES = frozenset({"OWNER", "ADMIN", "MEMBER", "GUEST", "NONE"})
 
+SHOULD_RESPOND_PROMPT = """# Should {name} respond?
+You are {name}. Decide whether to take part in this conversation. Answer RESPOND when the
+message is for you or you have something useful to add, IGNORE when it is not for you,
+STOP when you were asked to be quiet.
 
-@dataclass(frozen=True)
-class AgentInfo:
-    id: uuid.UUID
-    character: Character
+{conversation}
+Answer with exactly:
+<response><name>{name}</name><reasoning>one sentence</reasoning>
+<action>RESPOND|IGNORE|STOP</action></response>
+"""
 
 
 class TurnMetrics:
@@ -67,10 +85,29 @@ class TurnMetrics:
         self.superseded = Counter(
             "parley_turns_superseded_total", "Turns superseded by a newer message", registry=registry
         )
+        self.actions = Counter(
+            "parley_actions_total", "Actions run", ["action", "outcome"], registry=registry
+        )
+        self.providers_failed = Counter(
+            "parley_providers_failed_total",
+            "Providers that failed or timed out",
+            ["provider"],
+            registry=registry,
+        )
+
+
+@dataclass(frozen=True)
+class TurnSettings:
+    max_text_bytes: int
+    max_deliver: int
+    model_timeout: float
+    history: int
+    provider_timeout: float
+    trajectory_logging: bool
 
 
 def decode_inbound(
-    data: bytes, subject_agent: str, agents: dict[str, AgentInfo], max_text_bytes: int
+    data: bytes, subject_agent: str, agents: Mapping[str, AgentInfo], max_text_bytes: int
 ) -> tuple[runtime_pb2.InboundMessage, AgentInfo]:
     """Decode and validate an inbound payload; raises ``Poison`` with the reason."""
     try:
@@ -97,7 +134,100 @@ def decode_inbound(
     size = len(inbound.text.encode())
     if size > max_text_bytes:
         raise Poison(f"text is {size} bytes, over the limit of {max_text_bytes}", label="too_large")
+    role = inbound.metadata.get("sender_role", "")
+    if role and role.upper() not in ROLES:
+        raise Poison(f"metadata.sender_role must be one of {', '.join(sorted(ROLES))}", label="bad_role")
     return inbound, agent
+
+
+def _uuid_or_none(value: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        return None
+
+
+def _mute_active(state: Mapping[str, Any] | None, now: datetime) -> tuple[bool, bool]:
+    """(muted now, a timed mute that has expired)."""
+    if not state or state.get("state") != "MUTED":
+        return False, False
+    until = state.get("until")
+    if until is None:
+        return True, False
+    until_at = until if isinstance(until, datetime) else datetime.fromisoformat(str(until))
+    return (until_at > now, until_at <= now)
+
+
+@dataclass
+class Turn:
+    """Everything one turn accumulates; also what trajectory logging records."""
+
+    agent: AgentInfo
+    inbound: runtime_pb2.InboundMessage
+    delivery: Delivery
+    turn_id: uuid.UUID
+    room_id: uuid.UUID
+    lease_token: int
+    ctx: TurnContext
+    replies: list[Content] = field(default_factory=list)
+    trajectory: dict[str, Any] = field(default_factory=dict)
+
+
+class TurnServices:
+    """``RuntimeServices`` for one turn: what handlers, providers and evaluators may ask for."""
+
+    def __init__(
+        self,
+        processor: TurnProcessor,
+        agent: AgentInfo,
+        room_id: uuid.UUID,
+        ctx_ref: list[TurnContext],
+        source: str,
+    ) -> None:
+        self.p = processor
+        self.agent = agent
+        self.room_id = room_id
+        self._ctx = ctx_ref
+        self.source = source
+
+    async def set_room_state(self, state: str | None, *, mute_until: datetime | None = None) -> None:
+        await self.p.store.set_room_state(self.agent.id, self.room_id, state, mute_until)
+
+    async def search_memories(self, text: str, *, kind: str = "facts", limit: int = 5) -> list[MemoryHit]:
+        if not await self.p.store.has_memories(self.agent.id, kind):
+            return []
+        [vector] = await self.p.embed([text], self.agent.id)
+        rows = await self.p.store.search_memories(self.agent.id, vector, kind=kind, limit=limit)
+        return [
+            MemoryHit(str(r["id"]), r["kind"], r["text"] or "", float(r["similarity"]), r["created_at"])
+            for r in rows
+        ]
+
+    async def remember(self, kind: str, text: str, *, metadata: Mapping[str, Any] | None = None) -> uuid.UUID:
+        memory_id = uuid.uuid5(self.agent.id, f"{kind}:{self.room_id}:{text}")
+        [vector] = await self.p.embed([text], self.agent.id)
+        ctx = self._ctx[0]
+        await self.p.store.remember(
+            agent_id=self.agent.id,
+            memory_id=memory_id,
+            kind=kind,
+            text=text,
+            room_id=self.room_id,
+            entity_id=ctx.message.sender_id,
+            source=self.source,
+            embedding=vector,
+            metadata=dict(metadata or {}),
+        )
+        return memory_id
+
+    async def generate(self, prompt: str, *, small: bool = False) -> str:
+        return await self.p.generate(self.agent, [Segment(prompt, stable=False)], small=small)
+
+    def get_setting(self, key: str) -> object | None:
+        return self.agent.setting(key)
+
+    async def action_catalog(self) -> str:
+        return describe(await self.agent.catalog.available(self._ctx[0]))
 
 
 class TurnProcessor:
@@ -107,28 +237,71 @@ class TurnProcessor:
         store: RuntimeStore,
         bus: Bus,
         rpc: RpcClient,
-        agents: dict[str, AgentInfo],
+        agents: Mapping[str, AgentInfo],
         metrics: TurnMetrics,
-        max_text_bytes: int,
-        max_deliver: int,
-        model_timeout: float,
-        recent_messages: int,
+        settings: TurnSettings,
     ) -> None:
         self.store = store
         self.bus = bus
         self.rpc = rpc
         self.agents = agents
         self.metrics = metrics
-        self.max_text_bytes = max_text_bytes
-        self.max_deliver = max_deliver
-        self.model_timeout = model_timeout
-        self.recent_messages = recent_messages
+        self.settings = settings
+        self._background: set[asyncio.Task[None]] = set()
+
+    # -- model gateway -------------------------------------------------------------------------
+
+    async def generate(self, agent: AgentInfo, segments: Sequence[Segment], *, small: bool = False) -> str:
+        request = model_pb2.GenerateRequest(
+            agent_id=str(agent.id),
+            model_type=model_pb2.MODEL_TYPE_TEXT_SMALL if small else model_pb2.MODEL_TYPE_TEXT_LARGE,
+            prompt=join_segments(segments),
+            segments=[model_pb2.PromptSegment(content=s.content, stable=s.stable) for s in segments],
+        )
+        reply = await self.rpc.call(
+            "model", "Generate", request, model_pb2.GenerateResponse, timeout=self.settings.model_timeout
+        )
+        return reply.text
+
+    async def embed(self, texts: Sequence[str], agent_id: uuid.UUID) -> list[list[float]]:
+        reply = await self.rpc.call(
+            "model",
+            "Embed",
+            model_pb2.EmbedRequest(agent_id=str(agent_id), texts=texts),
+            model_pb2.EmbedResponse,
+            timeout=self.settings.model_timeout,
+        )
+        return [list(e.values) for e in reply.embeddings]
+
+    # -- events --------------------------------------------------------------------------------
+
+    async def emit(
+        self, agent: AgentInfo, event_type: str, turn: uuid.UUID, room: uuid.UUID, **attributes: str
+    ) -> None:
+        """Events go to the EVENTS stream without waiting for its ack: they must never slow a turn."""
+        event = runtime_pb2.Event(
+            id=str(uuid.uuid4()),
+            type=event_type,
+            agent_id=str(agent.id),
+            room_id=str(room),
+            turn_id=str(turn),
+            attributes=agent.redactor.redact_obj(attributes),
+        )
+        event.at.GetCurrentTime()
+        with contextlib.suppress(ParleyError):
+            await self.bus.publish_core(
+                self.bus.subjects.events(str(agent.id), event_type), event.SerializeToString()
+            )
+
+    # -- the turn ------------------------------------------------------------------------------
 
     async def handle(self, delivery: Delivery) -> None:
         started = time.perf_counter()
         subject_agent = delivery.subject.rsplit(".", 1)[-1]
         try:
-            inbound, agent = decode_inbound(delivery.data, subject_agent, self.agents, self.max_text_bytes)
+            inbound, agent = decode_inbound(
+                delivery.data, subject_agent, self.agents, self.settings.max_text_bytes
+            )
         except Poison as poison:
             self.metrics.dead.labels(poison.label).inc()
             self.metrics.turns.labels("dead").inc()
@@ -137,7 +310,7 @@ class TurnProcessor:
         try:
             outcome = await self._turn(delivery, inbound, agent, turn_id)
         except Exception as exc:
-            if delivery.num_delivered >= self.max_deliver or is_permanent(exc):
+            if delivery.num_delivered >= self.settings.max_deliver or is_permanent(exc):
                 await self.store.finish_turn(
                     agent.id, turn_id, "failed", lease_token=None, error=str(exc)[:500]
                 )
@@ -151,9 +324,12 @@ class TurnProcessor:
     ) -> str:
         source = inbound.source
         room_id = ids.room_id(agent.id, source, inbound.channel_id)
-        entity_id = ids.entity_id(agent.id, source, inbound.sender_id)
+        # A connector marks the agent's own messages by using the agent's id as the sender id.
+        from_self = inbound.sender_id == str(agent.id)
+        entity_id = agent.id if from_self else ids.entity_id(agent.id, source, inbound.sender_id)
         world = ids.world_id(agent.id, source, inbound.world_id) if inbound.world_id else None
         sender_name = inbound.sender_name or inbound.sender_username or inbound.sender_id
+        role = inbound.metadata.get("sender_role", "").upper() or None
         content: dict[str, Any] = {"text": inbound.text, "source": source}
         if inbound.attachments:
             content["attachments"] = [
@@ -190,21 +366,20 @@ class TurnProcessor:
                 "memory_id": turn_id,
                 "content": Jsonb(content),
                 "external_id": inbound.message_id,
-                "history": self.recent_messages,
+                "history": self.settings.history,
+                "sender_role": role,
+                "reply_to_id": _uuid_or_none(inbound.in_reply_to),
             }
         )
         self.metrics.stage.labels("ingest").observe(time.perf_counter() - t0)
+
         if ingested.state is None:
             if ingested.previous_state == "replied" and delivery.num_delivered > 1:
-                # Redelivered after the reply was stored: it may not have been published. Publish
-                # the stored reply again under its id; JetStream drops it if it was.
-                assert ingested.previous_response_id is not None
-                stored = await self.store.get_memory(agent.id, ingested.previous_response_id)
-                if stored is not None:
-                    await self._publish(
-                        inbound, agent, room_id, ingested.previous_response_id, stored["content"]
-                    )
-                    return "republished"
+                # Redelivered after the replies were stored: they may not all have been published.
+                # Publish them again under their ids; JetStream drops the ones it has.
+                for row in await self.store.list_replies(agent.id, turn_id):
+                    await self._publish(inbound, agent, room_id, row["id"], row["content"])
+                return "republished"
             log.info(
                 "duplicate message, turn already finished",
                 agent_id=str(agent.id),
@@ -218,71 +393,370 @@ class TurnProcessor:
         if ingested.lease_token is None:
             log.info("a copy of this message holds the turn", agent_id=str(agent.id), turn_id=str(turn_id))
             return "duplicate"
-        response_id = ids.response_id(turn_id)
+
+        ctx_ref: list[TurnContext] = []
+        message = MessageView(
+            id=turn_id,
+            text=inbound.text,
+            source=source,
+            channel_id=inbound.channel_id,
+            room_id=room_id,
+            room_type=ROOM_TYPES.get(inbound.room_type, "GROUP"),
+            sender_id=entity_id,
+            sender_name=sender_name,
+            world_id=world,
+            in_reply_to=inbound.in_reply_to,
+            attachments=content.get("attachments", ()),
+            metadata=dict(inbound.metadata),
+        )
+        ctx = TurnContext(
+            agent_id=agent.id,
+            character=agent.character,
+            message=message,
+            role=ingested.sender_role or role or "MEMBER",
+            history=[
+                HistoryLine(
+                    str(h["entity_id"]), self._speaker(agent, h), h["text"] or "", str(h["created_at"])
+                )
+                for h in ingested.history
+            ],
+            participants=[
+                Participant(str(p["entity_id"]), p["names"] or [], p["role"], p["user_state"])
+                for p in ingested.participants
+            ],
+            services=TurnServices(self, agent, room_id, ctx_ref, source),
+        )
+        ctx_ref.append(ctx)
+        turn = Turn(agent, inbound, delivery, turn_id, room_id, ingested.lease_token, ctx)
+        await self.emit(agent, "RUN_STARTED", turn_id, room_id, source=source)
+
+        outcome = await self._run(turn, ingested)
+        await self.emit(agent, "RUN_ENDED", turn_id, room_id, status=outcome)
+        return outcome
+
+    async def _run(self, turn: Turn, ingested: Ingested) -> str:
+        agent, ctx = turn.agent, turn.ctx
+        gate = await self._gate(turn, ingested)
+        if gate is not None:
+            await self.store.finish_turn(
+                agent.id, turn.turn_id, "ignored", lease_token=turn.lease_token, reason=gate
+            )
+            return "ignored"
 
         t0 = time.perf_counter()
-        lines = [Line(self._speaker(agent, row), row["text"] or "") for row in ingested.history]
-        segments = build_turn_prompt(agent.character, lines, Line(sender_name, inbound.text))
-        request = model_pb2.GenerateRequest(
-            agent_id=str(agent.id),
-            model_type=model_pb2.MODEL_TYPE_TEXT_LARGE,
-            prompt=join_segments(segments),
-            segments=[model_pb2.PromptSegment(content=s.content, stable=s.stable) for s in segments],
-        )
+        respond, why = await self._should_respond(turn, ingested)
+        self.metrics.stage.labels("should_respond").observe(time.perf_counter() - t0)
+        if not respond:
+            await self._save_ignore(turn, why)
+            return "ignored"
+
+        t0 = time.perf_counter()
+        ctx.state = await self._compose([p for p in agent.catalog.providers if not p.dynamic], ctx)
         self.metrics.stage.labels("compose").observe(time.perf_counter() - t0)
 
         t0 = time.perf_counter()
-        generated = await self.rpc.call(
-            "model", "Generate", request, model_pb2.GenerateResponse, timeout=self.model_timeout
-        )
+        parsed, raw = await self._plan(turn)
+        if parsed.providers:
+            wanted = [p for name in parsed.providers if (p := agent.catalog.provider(name)) is not None]
+            if wanted:
+                extra = await self._compose(wanted, ctx)
+                ctx.state.texts.update(extra.texts)
+                ctx.state.values.update(extra.values)
+                ctx.state.data.update(extra.data)
+                turn.trajectory["re_ask"] = {
+                    "providers": [p.name for p in wanted],
+                    "first_output": raw[:4000],
+                }
+                parsed, raw = await self._plan(turn)
         self.metrics.stage.labels("model").observe(time.perf_counter() - t0)
+        ctx.parsed = parsed
 
-        parsed = parse_or_plain(generated.text)
-        actions = normalize_actions(parsed)
-        trajectory = {
-            "segments": [{"stable": s.stable, "chars": len(s.content)} for s in segments],
-            "model": {"provider": generated.provider, "model": generated.model},
-            "raw_output": generated.text[:4000],
-            "actions": actions,
-        }
-        if actions == ["IGNORE"] or actions == ["STOP"] or not parsed.text.strip():
-            await self.store.finish_turn(agent.id, turn_id, "ignored", lease_token=ingested.lease_token)
-            return "ignored"
-
-        reply = {
-            "text": parsed.text,
-            "actions": actions,
-            "thought": parsed.thought,
-            "source": source,
-            "inReplyTo": inbound.message_id,
-        }
         t0 = time.perf_counter()
-        state = await self.store.save_reply(
+        actions = normalize_actions(parsed)
+        turn.trajectory["actions"] = []
+        for index, name in enumerate(actions):
+            await self._run_action(turn, index, name)
+        self.metrics.stage.labels("actions").observe(time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        outcome = await self._deliver(turn)
+        self.metrics.stage.labels("deliver").observe(time.perf_counter() - t0)
+        if outcome in ("replied", "ignored") and agent.catalog.evaluators:
+            self._spawn(self._evaluate(turn))
+        return outcome
+
+    # -- gates and should-respond -------------------------------------------------------------
+
+    async def _gate(self, turn: Turn, ingested: Ingested) -> str | None:
+        agent, ctx = turn.agent, turn.ctx
+        if not agent.enabled:
+            return "disabled"
+        if ctx.message.sender_id == agent.id and not ctx.is_autonomous:
+            return "self"
+        now = datetime.now(UTC)
+        muted, expired = _mute_active(ingested.agent_room_state, now)
+        if expired:
+            await self.store.lift_expired_mute(agent.id, turn.room_id)
+        elif muted:
+            return "muted"
+        world = ingested.world_metadata or {}
+        if world.get("agent_mute_state") == "MUTED":
+            world_muted, world_expired = _mute_active(
+                {"state": "MUTED", "until": world.get("agent_mute_until")}, now
+            )
+            if world_expired and ctx.message.world_id is not None:
+                await self.store.lift_expired_world_mute(agent.id, ctx.message.world_id)
+            elif world_muted:
+                return "world_muted"
+        return None
+
+    async def _should_respond(self, turn: Turn, ingested: Ingested) -> tuple[bool, str]:
+        agent, ctx = turn.agent, turn.ctx
+        if ctx.is_autonomous:
+            return True, "autonomous"
+        if ctx.message.room_type in ALWAYS_RESPOND_ROOMS:
+            return True, "room_type"
+        if ctx.message.source in setting_list(agent.setting("ALWAYS_RESPOND_SOURCES")):
+            return True, "always_respond_source"
+        if ctx.message.room_type in {
+            r.upper() for r in setting_list(agent.setting("ALWAYS_RESPOND_ROOM_TYPES"))
+        }:
+            return True, "always_respond_room_type"
+        if turn.inbound.mentions_agent or ingested.replies_to_agent:
+            return True, "addressed"
+        if (ingested.agent_room_state or {}).get("state") == "FOLLOWED":
+            return True, "followed"
+        conversation = "".join(f"{h.name}: {h.text}\n" for h in ctx.history[-10:])
+        conversation += f"{ctx.message.sender_name}: {ctx.message.text}\n"
+        large = str(agent.setting("SHOULD_RESPOND_MODEL") or "small").lower() == "large"
+        prompt = SHOULD_RESPOND_PROMPT.format(name=agent.character.name, conversation=conversation)
+        answer = await self.generate(agent, [Segment(prompt, stable=False)], small=not large)
+        parsed = parse_response(answer)
+        decision = (parsed.fields.get("action", "") if parsed else "").strip().upper()
+        turn.trajectory["should_respond"] = {"model": "large" if large else "small", "output": answer[:2000]}
+        if decision == "RESPOND":
+            return True, "model"
+        return False, f"model:{decision.lower() or 'unparsable'}"
+
+    async def _save_ignore(self, turn: Turn, reason: str) -> None:
+        content = {
+            "text": "",
+            "actions": ["IGNORE"],
+            "simple": True,
+            "source": turn.inbound.source,
+            "inReplyTo": turn.inbound.message_id,
+            "reason": reason,
+        }
+        await self.store.save_ignore(
+            agent_id=turn.agent.id,
+            room_id=turn.room_id,
+            turn_id=turn.turn_id,
+            memory_id=ids.response_id(turn.turn_id),
+            lease_token=turn.lease_token,
+            content=content,
+            source=turn.inbound.source,
+            reason=reason,
+            trajectory=self._trajectory(turn),
+        )
+
+    # -- state, prompt, plan -------------------------------------------------------------------
+
+    async def _compose(self, providers: Sequence[Provider], ctx: TurnContext) -> State:
+        """Run providers concurrently within one total timeout; a failing one is left out, never fatal."""
+        state = State()
+        if not providers:
+            return state
+        tasks = {p.name: asyncio.ensure_future(p.get(ctx)) for p in providers}
+        _, pending = await asyncio.wait(tasks.values(), timeout=self.settings.provider_timeout)
+        for task in pending:
+            task.cancel()
+        for provider in providers:
+            task = tasks[provider.name]
+            if task in pending or task.cancelled() or task.exception() is not None:
+                self.metrics.providers_failed.labels(provider.name).inc()
+                error = "timed out" if task in pending else repr(task.exception())
+                log.warning(
+                    "provider failed", provider=provider.name, agent_id=str(ctx.agent_id), error=error
+                )
+                continue
+            result = task.result()
+            if result.text:
+                state.texts[provider.name] = result.text
+            state.values.update(result.values)
+            state.data[provider.name] = dict(result.data)
+        return state
+
+    async def _plan(self, turn: Turn) -> tuple[ParsedResponse, str]:
+        agent, ctx = turn.agent, turn.ctx
+        segments = build_turn_prompt(agent.character, ctx.state, ctx.message.sender_name, ctx.message.text)
+        prompt = join_segments(segments)
+        if prompt != "".join(s.content for s in segments):  # the invariant the gateway checks too
+            raise AssertionError("prompt segments do not join to the prompt")
+        raw = await self.generate(agent, segments)
+        if self.settings.trajectory_logging:
+            turn.trajectory["providers"] = dict(ctx.state.texts)
+            turn.trajectory["segments"] = [{"stable": s.stable, "content": s.content} for s in segments]
+        turn.trajectory["raw_output"] = raw[:16000]
+        parsed = parse_or_plain(raw)
+        turn.trajectory["parsed"] = {
+            "actions": parsed.actions,
+            "providers": parsed.providers,
+            "thought": parsed.thought,
+            "text": parsed.text,
+        }
+        return parsed, raw
+
+    # -- actions -------------------------------------------------------------------------------
+
+    async def _run_action(self, turn: Turn, index: int, name: str) -> None:
+        agent, ctx = turn.agent, turn.ctx
+        record: dict[str, Any] = {"index": index, "name": name}
+        turn.trajectory["actions"].append(record)
+        action = agent.catalog.find(name)
+        if action is None:
+            self._record(turn, record, "unknown", ActionResult(False, error=f"UNKNOWN_ACTION: {name}"))
+            return
+        record["name"] = action.name
+        refusal = permission_error(action, ctx)
+        if refusal is not None:
+            self._record(turn, record, "rejected", ActionResult(False, error=refusal))
+            return
+        if action.validate is not None and not await action.validate(ctx):
+            self._record(
+                turn, record, "skipped", ActionResult(False, error=f"{action.name} is not valid here")
+            )
+            return
+        planner = (ctx.parsed.action_params.get(action.name) if ctx.parsed else None) or {}
+        resolution = await resolve_action_args(
+            action,
+            planner,
+            extract=lambda prompt: self.generate(agent, [Segment(prompt, False)], small=True),
+            intent=ctx.message.text,
+            recent=[f"{h.name}: {h.text}" for h in ctx.history],
+        )
+        record["params"] = resolution.params
+        if resolution.extraction_calls:
+            record["extraction_calls"] = resolution.extraction_calls
+        if resolution.missing:
+            self._record(
+                turn,
+                record,
+                "failed",
+                ActionResult(False, error=f"missing: [{', '.join(resolution.missing)}]"),
+            )
+            return
+        if resolution.clarification:
+            turn.replies.append(Content(text=resolution.clarification, actions=(action.name,)))
+            self._record(turn, record, "clarify", ActionResult(False, error="CLARIFICATION_NEEDED"))
+            return
+        errors = schema_errors(action, resolution.params)
+        if errors:
+            self._record(turn, record, "invalid", ActionResult(False, error="; ".join(errors)))
+            return
+        if not action.idempotent:
+            claimed = await self.store.claim_effect(agent.id, turn.turn_id, index, action.name)
+            if not claimed:
+                existing = await self.store.get_effect(agent.id, turn.turn_id, index)
+                if existing is not None and existing["result"] is not None:
+                    self._record(turn, record, "replayed", ActionResult.from_json(existing["result"]))
+                else:
+                    self._record(
+                        turn,
+                        record,
+                        "uncertain",
+                        ActionResult(
+                            False,
+                            error="UNCERTAIN_EFFECT: a previous attempt started this action and did not "
+                            "record a result; it is not run again",
+                        ),
+                    )
+                return
+        await self.emit(agent, "ACTION_STARTED", turn.turn_id, turn.room_id, action=action.name)
+
+        async def callback(content: Content) -> None:
+            turn.replies.append(content)
+
+        try:
+            result = await action.handler(ctx, dict(resolution.params), callback) or ActionResult(True)
+            outcome = "success" if result.success else "failed"
+        except Exception as exc:  # a handler's failure is a failed result, not a failed turn
+            log.exception("action handler raised", action=action.name, agent_id=str(agent.id))
+            result = ActionResult(False, error=f"{type(exc).__name__}: {exc}")
+            outcome = "error"
+        if not action.idempotent:
+            await self.store.complete_effect(
+                agent.id, turn.turn_id, index, agent.redactor.redact_obj(result.to_json())
+            )
+        self._record(turn, record, outcome, result)
+        await self.emit(
+            agent, "ACTION_COMPLETED", turn.turn_id, turn.room_id, action=action.name, outcome=outcome
+        )
+
+    def _record(self, turn: Turn, record: dict[str, Any], outcome: str, result: ActionResult) -> None:
+        record["outcome"] = outcome
+        record["result"] = result.to_json()
+        turn.ctx.results.append(result)
+        self.metrics.actions.labels(
+            record["name"] if turn.agent.catalog.find(record["name"]) else "unknown", outcome
+        ).inc()
+
+    # -- delivery ------------------------------------------------------------------------------
+
+    async def _deliver(self, turn: Turn) -> str:
+        agent = turn.agent
+        if not turn.replies:
+            await self.store.finish_turn(
+                agent.id,
+                turn.turn_id,
+                "ignored",
+                lease_token=turn.lease_token,
+                reason="no_reply",
+                trajectory=self._trajectory(turn),
+            )
+            return "ignored"
+        replies = []
+        for index, reply in enumerate(turn.replies):
+            content = {
+                "text": agent.redactor.redact(reply.text),
+                "actions": list(reply.actions),
+                "thought": agent.redactor.redact(reply.thought),
+                "source": turn.inbound.source,
+                "inReplyTo": turn.inbound.message_id,
+            }
+            if reply.target_channel:
+                content["targetChannel"] = reply.target_channel
+            replies.append((ids.response_id(turn.turn_id, index), content))
+        keep = agent.flag("BASIC_CAPABILITIES_KEEP_RESP")
+        state = await self.store.save_replies(
             agent_id=agent.id,
-            room_id=room_id,
-            turn_id=turn_id,
-            lease_token=ingested.lease_token,
-            response_id=response_id,
-            content=reply,
-            source=source,
-            trajectory=trajectory,
+            room_id=turn.room_id,
+            turn_id=turn.turn_id,
+            lease_token=turn.lease_token,
+            replies=replies,
+            source=turn.inbound.source,
+            trajectory=self._trajectory(turn),
+            keep=keep,
         )
         if state is None:
-            log.info("turn taken over by a copy of its message", agent_id=str(agent.id), turn_id=str(turn_id))
+            log.info(
+                "turn taken over by a copy of its message", agent_id=str(agent.id), turn_id=str(turn.turn_id)
+            )
             return "duplicate"
         if state == "superseded":
             self.metrics.superseded.inc()
-            log.info("reply discarded: a newer message arrived", agent_id=str(agent.id), turn_id=str(turn_id))
+            log.info(
+                "reply discarded: a newer message arrived", agent_id=str(agent.id), turn_id=str(turn.turn_id)
+            )
             return "superseded"
-        await self._publish(inbound, agent, room_id, response_id, reply)
-        self.metrics.stage.labels("deliver").observe(time.perf_counter() - t0)
+        for response_id, content in replies:
+            await self._publish(turn.inbound, agent, turn.room_id, response_id, content)
+            await self.emit(agent, "MESSAGE_SENT", turn.turn_id, turn.room_id, response_id=str(response_id))
         return "replied"
 
-    @staticmethod
-    def _speaker(agent: AgentInfo, row: dict[str, Any]) -> str:
-        if row["entity_id"] == str(agent.id):
-            return agent.character.name
-        return str(row["name"] or "user")
+    def _trajectory(self, turn: Turn) -> dict[str, Any] | None:
+        if not self.settings.trajectory_logging:
+            return None
+        return turn.agent.redactor.redact_obj(turn.trajectory)
 
     async def _publish(
         self,
@@ -290,7 +764,7 @@ class TurnProcessor:
         agent: AgentInfo,
         room_id: uuid.UUID,
         response_id: uuid.UUID,
-        reply: dict[str, Any],
+        reply: Mapping[str, Any],
     ) -> None:
         created = Timestamp()
         created.GetCurrentTime()
@@ -298,7 +772,7 @@ class TurnProcessor:
             agent_id=str(agent.id),
             source=inbound.source,
             response_id=str(response_id),
-            channel_id=inbound.channel_id,
+            channel_id=reply.get("targetChannel") or inbound.channel_id,
             in_reply_to=inbound.message_id,
             text=reply.get("text", ""),
             actions=reply.get("actions", []),
@@ -311,3 +785,43 @@ class TurnProcessor:
             outbound.SerializeToString(),
             msg_id=str(response_id),
         )
+
+    # -- after the reply -----------------------------------------------------------------------
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _evaluate(self, turn: Turn) -> None:
+        """Evaluators run after the reply was delivered; they never block or fail a turn."""
+        results = {}
+        for evaluator in turn.agent.catalog.evaluators:
+            try:
+                if evaluator.validate is not None and not await evaluator.validate(turn.ctx):
+                    continue
+                result = await evaluator.handler(turn.ctx)
+                results[evaluator.name] = result.to_json() if result else None
+            except Exception as exc:
+                log.warning(
+                    "evaluator failed",
+                    evaluator=evaluator.name,
+                    agent_id=str(turn.agent.id),
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+                results[evaluator.name] = {"success": False, "error": f"{type(exc).__name__}"}
+        if self.settings.trajectory_logging and results:
+            with contextlib.suppress(ParleyError):
+                await self.store.add_trajectory(
+                    turn.agent.id, turn.turn_id, turn.agent.redactor.redact_obj({"evaluators": results})
+                )
+
+    async def drain(self, timeout: float) -> None:
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=timeout)
+
+    @staticmethod
+    def _speaker(agent: AgentInfo, row: Mapping[str, Any]) -> str:
+        if row["entity_id"] == str(agent.id):
+            return agent.character.name
+        return str(row["name"] or "user")

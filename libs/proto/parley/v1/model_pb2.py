@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15parley/v1/model.proto\x12\tparley.v1\"0\n\rPromptSegment\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\t\x12\x0e\n\x06stable\x18\x02 \x01(\x08\"\x89\x02\n\x0fGenerateRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12(\n\nmodel_type\x18\x02 \x01(\x0e\x32\x14.parley.v1.ModelType\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12*\n\x08segments\x18\x04 \x03(\x0b\x32\x18.parley.v1.PromptSegment\x12\x0e\n\x06system\x18\x05 \x01(\t\x12\x18\n\x0btemperature\x18\x06 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x07 \x01(\x05\x12\x16\n\x0estop_sequences\x18\x08 \x03(\t\x12\x18\n\x10response_grammar\x18\t \x01(\tB\x0e\n\x0c_temperature\"Q\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x03\x12\x15\n\routput_tokens\x18\x02 \x01(\x03\x12\x1b\n\x13\x63\x61\x63hed_input_tokens\x18\x03 \x01(\x03\"\x92\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x10\n\x08provider\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.parley.v1.Usage\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x17\n\x0flatency_seconds\x18\x06 \x01(\x01*\x97\x01\n\tModelType\x12\x1a\n\x16MODEL_TYPE_UNSPECIFIED\x10\x00\x12\x19\n\x15MODEL_TYPE_TEXT_SMALL\x10\x01\x12\x19\n\x15MODEL_TYPE_TEXT_LARGE\x10\x02\x12\x1b\n\x17MODEL_TYPE_OBJECT_SMALL\x10\x03\x12\x1b\n\x17MODEL_TYPE_OBJECT_LARGE\x10\x04\x32S\n\x0cModelGateway\x12\x43\n\x08Generate\x12\x1a.parley.v1.GenerateRequest\x1a\x1b.parley.v1.GenerateResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15parley/v1/model.proto\x12\tparley.v1\"0\n\rPromptSegment\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\t\x12\x0e\n\x06stable\x18\x02 \x01(\x08\"\x89\x02\n\x0fGenerateRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12(\n\nmodel_type\x18\x02 \x01(\x0e\x32\x14.parley.v1.ModelType\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12*\n\x08segments\x18\x04 \x03(\x0b\x32\x18.parley.v1.PromptSegment\x12\x0e\n\x06system\x18\x05 \x01(\t\x12\x18\n\x0btemperature\x18\x06 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x07 \x01(\x05\x12\x16\n\x0estop_sequences\x18\x08 \x03(\t\x12\x18\n\x10response_grammar\x18\t \x01(\tB\x0e\n\x0c_temperature\"Q\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x03\x12\x15\n\routput_tokens\x18\x02 \x01(\x03\x12\x1b\n\x13\x63\x61\x63hed_input_tokens\x18\x03 \x01(\x03\"\x92\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x10\n\x08provider\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.parley.v1.Usage\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x17\n\x0flatency_seconds\x18\x06 \x01(\x01\"/\n\x0c\x45mbedRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"|\n\rEmbedResponse\x12(\n\nembeddings\x18\x01 \x03(\x0b\x32\x14.parley.v1.Embedding\x12\x11\n\tdimension\x18\x02 \x01(\x05\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.parley.v1.Usage*\x97\x01\n\tModelType\x12\x1a\n\x16MODEL_TYPE_UNSPECIFIED\x10\x00\x12\x19\n\x15MODEL_TYPE_TEXT_SMALL\x10\x01\x12\x19\n\x15MODEL_TYPE_TEXT_LARGE\x10\x02\x12\x1b\n\x17MODEL_TYPE_OBJECT_SMALL\x10\x03\x12\x1b\n\x17MODEL_TYPE_OBJECT_LARGE\x10\x04\x32\x8f\x01\n\x0cModelGateway\x12\x43\n\x08Generate\x12\x1a.parley.v1.GenerateRequest\x1a\x1b.parley.v1.GenerateResponse\x12:\n\x05\x45mbed\x12\x17.parley.v1.EmbedRequest\x1a\x18.parley.v1.EmbedResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'parley.v1.model_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODELTYPE']._serialized_start=587
-  _globals['_MODELTYPE']._serialized_end=738
+  _globals['_MODELTYPE']._serialized_start=791
+  _globals['_MODELTYPE']._serialized_end=942
   _globals['_PROMPTSEGMENT']._serialized_start=36
   _globals['_PROMPTSEGMENT']._serialized_end=84
   _globals['_GENERATEREQUEST']._serialized_start=87
@@ -41,6 +41,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_USAGE']._serialized_end=435
   _globals['_GENERATERESPONSE']._serialized_start=438
   _globals['_GENERATERESPONSE']._serialized_end=584
-  _globals['_MODELGATEWAY']._serialized_start=740
-  _globals['_MODELGATEWAY']._serialized_end=823
+  _globals['_EMBEDREQUEST']._serialized_start=586
+  _globals['_EMBEDREQUEST']._serialized_end=633
+  _globals['_EMBEDDING']._serialized_start=635
+  _globals['_EMBEDDING']._serialized_end=662
+  _globals['_EMBEDRESPONSE']._serialized_start=664
+  _globals['_EMBEDRESPONSE']._serialized_end=788
+  _globals['_MODELGATEWAY']._serialized_start=945
+  _globals['_MODELGATEWAY']._serialized_end=1088
 # @@protoc_insertion_point(module_scope)

@@ -39,12 +39,23 @@ class ModelGatewayStub:
                 request_serializer=parley_dot_v1_dot_model__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=parley_dot_v1_dot_model__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/parley.v1.ModelGateway/Embed',
+                request_serializer=parley_dot_v1_dot_model__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_model__pb2.EmbedResponse.FromString,
+                _registered_method=True)
 
 
 class ModelGatewayServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Generate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Embed(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -57,6 +68,11 @@ def add_ModelGatewayServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=parley_dot_v1_dot_model__pb2.GenerateRequest.FromString,
                     response_serializer=parley_dot_v1_dot_model__pb2.GenerateResponse.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=parley_dot_v1_dot_model__pb2.EmbedRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_model__pb2.EmbedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +102,33 @@ class ModelGateway:
             '/parley.v1.ModelGateway/Generate',
             parley_dot_v1_dot_model__pb2.GenerateRequest.SerializeToString,
             parley_dot_v1_dot_model__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.ModelGateway/Embed',
+            parley_dot_v1_dot_model__pb2.EmbedRequest.SerializeToString,
+            parley_dot_v1_dot_model__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

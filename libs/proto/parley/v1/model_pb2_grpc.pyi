@@ -32,11 +32,13 @@ class ModelGatewayStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ModelGatewayAsyncStub: ...
     Generate: _grpc.UnaryUnaryMultiCallable[_model_pb2.GenerateRequest, _model_pb2.GenerateResponse]
+    Embed: _grpc.UnaryUnaryMultiCallable[_model_pb2.EmbedRequest, _model_pb2.EmbedResponse]
 
 @_typing.type_check_only
 class ModelGatewayAsyncStub(ModelGatewayStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Generate: _aio.UnaryUnaryMultiCallable[_model_pb2.GenerateRequest, _model_pb2.GenerateResponse]  # type: ignore[assignment]
+    Embed: _aio.UnaryUnaryMultiCallable[_model_pb2.EmbedRequest, _model_pb2.EmbedResponse]  # type: ignore[assignment]
 
 class ModelGatewayServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -45,5 +47,12 @@ class ModelGatewayServicer(metaclass=_abc_1.ABCMeta):
         request: _model_pb2.GenerateRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_model_pb2.GenerateResponse, _abc.Awaitable[_model_pb2.GenerateResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Embed(
+        self,
+        request: _model_pb2.EmbedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_model_pb2.EmbedResponse, _abc.Awaitable[_model_pb2.EmbedResponse]]: ...
 
 def add_ModelGatewayServicer_to_server(servicer: ModelGatewayServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

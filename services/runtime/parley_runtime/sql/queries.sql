@@ -52,9 +52,10 @@ WITH prev AS (
      WHERE room.turn_seq <= excluded.turn_seq
     RETURNING turn_token
 ), p AS (
-    INSERT INTO runtime.participant (agent_id, room_id, entity_id)
-    VALUES (%(agent_id)s, %(room_id)s, %(entity_id)s)
-    ON CONFLICT DO NOTHING
+    INSERT INTO runtime.participant (agent_id, room_id, entity_id, role)
+    VALUES (%(agent_id)s, %(room_id)s, %(entity_id)s, coalesce(%(sender_role)s, 'MEMBER'))
+    ON CONFLICT (agent_id, room_id, entity_id) DO UPDATE SET role = excluded.role
+     WHERE %(sender_role)s::text IS NOT NULL AND participant.role <> excluded.role
 ), m AS (
     INSERT INTO runtime.memory (agent_id, id, room_id, entity_id, kind, content, source, external_id)
     VALUES (%(agent_id)s, %(memory_id)s, %(room_id)s, %(entity_id)s, 'messages', %(content)s, %(source)s,
@@ -77,52 +78,156 @@ WITH prev AS (
 SELECT t.state, t.attempts, t.response_id, (SELECT turn_token FROM r) AS lease_token,
        (SELECT state FROM prev) AS previous_state,
        (SELECT response_id FROM prev) AS previous_response_id,
-       -- The room's recent messages, oldest first, for the prompt (none when the turn is not run).
+       -- What the turn needs to decide, read in the same round trip (only when it will run).
+       (SELECT jsonb_build_object('state', ap.user_state, 'until', ap.mute_until)
+          FROM runtime.participant ap
+         WHERE t.state = 'running' AND ap.agent_id = %(agent_id)s AND ap.room_id = %(room_id)s
+           AND ap.entity_id = %(agent_id)s) AS agent_room_state,
+       (SELECT wm.metadata FROM runtime.world wm
+         WHERE t.state = 'running' AND wm.agent_id = %(agent_id)s AND wm.id = %(world_id)s) AS world_metadata,
+       (SELECT sp.role FROM runtime.participant sp
+         WHERE t.state = 'running' AND sp.agent_id = %(agent_id)s AND sp.room_id = %(room_id)s
+           AND sp.entity_id = %(entity_id)s) AS sender_role,
+       (SELECT rm.entity_id = %(agent_id)s FROM runtime.memory rm
+         WHERE t.state = 'running' AND rm.agent_id = %(agent_id)s AND rm.id = %(reply_to_id)s) AS replies_to_agent,
+       (SELECT coalesce(jsonb_agg(pp ORDER BY pp.role, pp.entity_id), '[]'::jsonb)
+          FROM (SELECT px.entity_id, ex.names, px.role, px.user_state
+                  FROM runtime.participant px
+                  JOIN runtime.entity ex ON ex.agent_id = px.agent_id AND ex.id = px.entity_id
+                 WHERE t.state = 'running' AND px.agent_id = %(agent_id)s AND px.room_id = %(room_id)s
+                 LIMIT 50) AS pp) AS participants,
+       -- The room's recent messages, oldest first, for the prompt.
        (SELECT coalesce(jsonb_agg(h ORDER BY h.created_at, h.id), '[]'::jsonb)
           FROM (SELECT m.id, m.entity_id, m.content ->> 'text' AS text, m.created_at, e.names[1] AS name
                   FROM runtime.memory m
                   LEFT JOIN runtime.entity e ON e.agent_id = m.agent_id AND e.id = m.entity_id
                  WHERE t.state = 'running'
                    AND m.agent_id = %(agent_id)s AND m.room_id = %(room_id)s AND m.kind = 'messages'
-                   AND m.id <> %(memory_id)s
+                   AND m.id <> %(memory_id)s AND NOT coalesce((m.content ->> 'simple')::boolean, false)
                  ORDER BY m.created_at DESC, m.id DESC
                  LIMIT %(history)s) AS h) AS history
   FROM (SELECT 1) AS one LEFT JOIN t ON true;
 
--- save_reply --
--- Stores the reply and finishes the turn as replied, only while this turn holds
--- the room's lease. A turn that lost the room to a newer message is marked
--- superseded; one whose lease was taken over by a copy of the same message
--- (lease_token changed) is left to that copy and this statement returns no row.
--- The reply is published after this; a redelivery of a replied turn publishes
--- the stored reply again under the same id, so JetStream drops the copy.
+-- save_replies --
+-- Stores the turn's replies and finishes it as replied, only while this turn
+-- holds the room's lease (or when keep_existing_responses says a newer message
+-- must not discard them). A turn that lost the room to a newer message is
+-- marked superseded; one whose lease was taken over by a copy of the same
+-- message (lease_token changed) is left to that copy: no row comes back.
+-- The replies are published after this; a redelivery of a replied turn
+-- publishes the stored replies again under the same ids, so JetStream drops them.
 WITH lease AS (
-    SELECT EXISTS (SELECT 1 FROM runtime.room
-                    WHERE agent_id = %(agent_id)s AND id = %(room_id)s AND turn_token = %(lease_token)s) AS held
+    SELECT %(keep)s OR EXISTS (SELECT 1 FROM runtime.room
+                                WHERE agent_id = %(agent_id)s AND id = %(room_id)s
+                                  AND turn_token = %(lease_token)s) AS held
 ), m AS (
     INSERT INTO runtime.memory (agent_id, id, room_id, entity_id, kind, content, source, in_reply_to)
-    SELECT %(agent_id)s, %(response_id)s, %(room_id)s, %(agent_id)s, 'messages', %(content)s, %(source)s,
-           %(turn_id)s
-      FROM lease WHERE lease.held
+    SELECT %(agent_id)s, r.id, %(room_id)s, %(agent_id)s, 'messages', r.content, %(source)s, %(turn_id)s
+      FROM lease, unnest(%(response_ids)s::uuid[], %(contents)s::jsonb[]) AS r (id, content)
+     WHERE lease.held
     ON CONFLICT DO NOTHING
 )
 UPDATE runtime.turn
-   SET response_id = CASE WHEN lease.held THEN %(response_id)s::uuid END,
+   SET response_id = CASE WHEN lease.held THEN (%(response_ids)s::uuid[])[1] END,
        state = CASE WHEN lease.held THEN 'replied' ELSE 'superseded' END,
        finished_at = clock_timestamp(),
        trajectory = %(trajectory)s
   FROM lease
  WHERE agent_id = %(agent_id)s AND id = %(turn_id)s AND state = 'running' AND lease_token = %(lease_token)s
-RETURNING state, response_id;
+RETURNING state;
 
 -- finish_turn --
 -- Only the holder of the turn's lease finishes it; without a token (the last
 -- delivery failed) any running turn is finished.
 UPDATE runtime.turn
-   SET state = %(state)s, error = %(error)s, finished_at = clock_timestamp()
+   SET state = %(state)s, reason = %(reason)s, error = %(error)s, finished_at = clock_timestamp(),
+       trajectory = coalesce(%(trajectory)s, trajectory)
  WHERE agent_id = %(agent_id)s AND id = %(turn_id)s AND state = 'running'
    AND (%(lease_token)s::bigint IS NULL OR lease_token = %(lease_token)s)
 RETURNING state;
+
+-- save_ignore --
+-- Not answering is remembered too: an IGNORE memory in reply to the message.
+WITH m AS (
+    INSERT INTO runtime.memory (agent_id, id, room_id, entity_id, kind, content, source, in_reply_to)
+    VALUES (%(agent_id)s, %(memory_id)s, %(room_id)s, %(agent_id)s, 'messages', %(content)s, %(source)s,
+            %(turn_id)s)
+    ON CONFLICT DO NOTHING
+)
+UPDATE runtime.turn
+   SET state = 'ignored', reason = %(reason)s, finished_at = clock_timestamp(), trajectory = %(trajectory)s
+ WHERE agent_id = %(agent_id)s AND id = %(turn_id)s AND state = 'running' AND lease_token = %(lease_token)s
+RETURNING state;
+
+-- add_trajectory --
+UPDATE runtime.turn SET trajectory = coalesce(trajectory, '{}'::jsonb) || %(patch)s
+ WHERE agent_id = %(agent_id)s AND id = %(turn_id)s;
+
+-- list_replies --
+SELECT id, content FROM runtime.memory
+ WHERE agent_id = %(agent_id)s AND in_reply_to = %(turn_id)s AND entity_id = %(agent_id)s AND kind = 'messages'
+ ORDER BY created_at, id;
+
+-- set_room_state --
+INSERT INTO runtime.participant (agent_id, room_id, entity_id, role, user_state, mute_until)
+VALUES (%(agent_id)s, %(room_id)s, %(agent_id)s, 'NONE', %(state)s, %(mute_until)s)
+ON CONFLICT (agent_id, room_id, entity_id) DO UPDATE
+   SET user_state = excluded.user_state, mute_until = excluded.mute_until;
+
+-- lift_expired_mute --
+-- A timed mute whose time has passed is lifted (only if it is still that mute).
+UPDATE runtime.participant SET user_state = NULL, mute_until = NULL
+ WHERE agent_id = %(agent_id)s AND room_id = %(room_id)s AND entity_id = %(agent_id)s
+   AND user_state = 'MUTED' AND mute_until IS NOT NULL AND mute_until <= now()
+RETURNING room_id;
+
+-- lift_expired_world_mute --
+UPDATE runtime.world
+   SET metadata = metadata - 'agent_mute_state' - 'agent_mute_until'
+ WHERE agent_id = %(agent_id)s AND id = %(world_id)s AND metadata ->> 'agent_mute_state' = 'MUTED'
+   AND (metadata ->> 'agent_mute_until')::timestamptz <= now()
+RETURNING id;
+
+-- claim_effect --
+-- Written before a non-idempotent action runs. No row back: a claim exists already
+-- (a retried turn), and get_effect tells whether its result was recorded.
+INSERT INTO runtime.effect_claim (agent_id, turn_id, action_index, action)
+VALUES (%(agent_id)s, %(turn_id)s, %(action_index)s, %(action)s)
+ON CONFLICT DO NOTHING
+RETURNING claimed_at;
+
+-- get_effect --
+SELECT action, result, claimed_at, completed_at FROM runtime.effect_claim
+ WHERE agent_id = %(agent_id)s AND turn_id = %(turn_id)s AND action_index = %(action_index)s;
+
+-- complete_effect --
+UPDATE runtime.effect_claim SET result = %(result)s, completed_at = clock_timestamp()
+ WHERE agent_id = %(agent_id)s AND turn_id = %(turn_id)s AND action_index = %(action_index)s
+   AND completed_at IS NULL
+RETURNING completed_at;
+
+-- remember --
+INSERT INTO runtime.memory (agent_id, id, room_id, entity_id, kind, content, source, embedding, metadata)
+VALUES (%(agent_id)s, %(id)s, %(room_id)s, %(entity_id)s, %(kind)s, %(content)s, %(source)s, %(embedding)s::vector,
+        %(metadata)s)
+ON CONFLICT DO NOTHING;
+
+-- set_embedding --
+UPDATE runtime.memory SET embedding = %(embedding)s::vector WHERE agent_id = %(agent_id)s AND id = %(id)s;
+
+-- search_memories --
+-- Nearest memories of one kind by cosine distance, for this agent only.
+WITH q AS (SELECT %(embedding)s::vector AS v)
+SELECT id, kind, content ->> 'text' AS text, created_at, 1 - (embedding <=> q.v) AS similarity
+  FROM runtime.memory, q
+ WHERE agent_id = %(agent_id)s AND kind = %(kind)s AND embedding IS NOT NULL
+   AND vector_dims(embedding) = vector_dims(q.v)
+   AND (%(room_id)s::uuid IS NULL OR room_id = %(room_id)s)
+ ORDER BY embedding <=> q.v
+ LIMIT %(limit)s;
+
+-- has_memories --
+SELECT EXISTS (SELECT 1 FROM runtime.memory WHERE agent_id = %(agent_id)s AND kind = %(kind)s) AS found;
 
 -- get_memory --
 SELECT id, room_id, entity_id, kind, content, source, external_id, in_reply_to, created_at
@@ -156,3 +261,26 @@ SELECT id, room_id, stream_seq, state, lease_token, attempts, response_id, error
  WHERE agent_id = %(agent_id)s AND (%(room_id)s::uuid IS NULL OR room_id = %(room_id)s)
  ORDER BY received_at DESC, id DESC
  LIMIT %(limit)s OFFSET %(offset)s;
+
+-- upsert_secret --
+INSERT INTO runtime.agent_secret (agent_id, name, ciphertext)
+VALUES (%(agent_id)s, %(name)s, %(ciphertext)s)
+ON CONFLICT (agent_id, name) DO UPDATE SET ciphertext = excluded.ciphertext, updated_at = now();
+
+-- list_secrets --
+SELECT name, ciphertext FROM runtime.agent_secret WHERE agent_id = %(agent_id)s ORDER BY name;
+
+-- delete_other_secrets --
+DELETE FROM runtime.agent_secret WHERE agent_id = %(agent_id)s AND NOT (name = ANY(%(keep)s::text[]));
+
+-- get_agent --
+SELECT id, name, enabled, character, created_at FROM runtime.agent WHERE id = %(id)s OR name = %(name)s;
+
+-- set_agent_enabled --
+UPDATE runtime.agent SET enabled = %(enabled)s, updated_at = now() WHERE id = %(id)s RETURNING id;
+
+-- get_turn --
+SELECT id, room_id, stream_seq, state, reason, lease_token, attempts, response_id, error, trajectory,
+       received_at, finished_at
+  FROM runtime.turn
+ WHERE agent_id = %(agent_id)s AND id = %(id)s;

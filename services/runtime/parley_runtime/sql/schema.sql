@@ -2,6 +2,7 @@
 -- applying sql/migrations/ in order builds exactly this.
 
 CREATE SCHEMA IF NOT EXISTS runtime;
+CREATE EXTENSION IF NOT EXISTS vector;
 
 
 CREATE TABLE runtime.agent (
@@ -58,6 +59,7 @@ CREATE TABLE runtime.participant (
     entity_id   uuid NOT NULL,
     role        text NOT NULL DEFAULT 'MEMBER' CHECK (role IN ('OWNER', 'ADMIN', 'MEMBER', 'GUEST', 'NONE')),
     user_state  text CHECK (user_state IN ('FOLLOWED', 'MUTED')),
+    mute_until  timestamptz,
     created_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (agent_id, room_id, entity_id),
     FOREIGN KEY (agent_id, room_id) REFERENCES runtime.room (agent_id, id) ON DELETE CASCADE,
@@ -77,11 +79,15 @@ CREATE TABLE runtime.memory (
     external_id  text,
     in_reply_to  uuid,
     created_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- Embeddings of messages and facts; the dimension is the embedding model's.
+    embedding    vector,
+    metadata     jsonb NOT NULL DEFAULT '{}',
     PRIMARY KEY (agent_id, id)
 );
 CREATE UNIQUE INDEX memory_inbound_once ON runtime.memory (agent_id, source, external_id)
     WHERE external_id IS NOT NULL;
 CREATE INDEX memory_room_recent ON runtime.memory (agent_id, room_id, created_at DESC, id DESC);
+CREATE INDEX memory_kind_recent ON runtime.memory (agent_id, kind, created_at DESC, id DESC);
 
 CREATE TABLE runtime.turn (
     agent_id      uuid NOT NULL REFERENCES runtime.agent (id) ON DELETE CASCADE,
@@ -98,6 +104,9 @@ CREATE TABLE runtime.turn (
     trajectory    jsonb,
     received_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
     finished_at   timestamptz,
+    -- Why the turn ended the way it did: self, muted, not_addressed, disabled, no_reply, ...
+    reason        text,
+    started_at    timestamptz,
     PRIMARY KEY (agent_id, id)
 );
 CREATE INDEX turn_room_recent ON runtime.turn (agent_id, room_id, received_at DESC);
@@ -114,4 +123,13 @@ CREATE TABLE runtime.effect_claim (
     completed_at  timestamptz,
     PRIMARY KEY (agent_id, turn_id, action_index),
     FOREIGN KEY (agent_id, turn_id) REFERENCES runtime.turn (agent_id, id) ON DELETE CASCADE
+);
+
+-- Character secrets, encrypted (AES-256-GCM, see parley_runtime/secrets.py).
+CREATE TABLE runtime.agent_secret (
+    agent_id    uuid NOT NULL REFERENCES runtime.agent (id) ON DELETE CASCADE,
+    name        text NOT NULL CHECK (name <> ''),
+    ciphertext  text NOT NULL,
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (agent_id, name)
 );

@@ -1,0 +1,239 @@
+"""The built-in ``basic_capabilities`` plugin: replying, staying quiet, following and
+muting rooms, the providers that give the model its context, and REFLECTION."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from .actions import _json_object
+from .context import TurnContext
+from .plugin import (
+    Action,
+    ActionResult,
+    Callback,
+    Content,
+    Evaluator,
+    Parameter,
+    Plugin,
+    Provider,
+    ProviderResult,
+)
+
+IDEMPOTENT = frozenset({"effect:idempotent"})
+
+
+async def _reply(ctx: TurnContext, params: dict[str, Any], callback: Callback) -> ActionResult:
+    text = str(params.get("text") or (ctx.parsed.text if ctx.parsed else "")).strip()
+    if not text:
+        return ActionResult(False, error="REPLY needs text to say")
+    await callback(Content(text=text, actions=("REPLY",), thought=ctx.parsed.thought if ctx.parsed else ""))
+    return ActionResult(True, text=text)
+
+
+async def _nothing(ctx: TurnContext, params: dict[str, Any], callback: Callback) -> ActionResult:
+    return ActionResult(True)
+
+
+async def _send_message(ctx: TurnContext, params: dict[str, Any], callback: Callback) -> ActionResult:
+    target = str(params["target"]).strip()
+    text = str(params["text"]).strip()
+    await callback(Content(text=text, actions=("SEND_MESSAGE",), target_channel=target))
+    return ActionResult(True, text=text, values={"target": target})
+
+
+def _room_state(state: str | None, label: str) -> Any:
+    async def handler(ctx: TurnContext, params: dict[str, Any], callback: Callback) -> ActionResult:
+        until = None
+        minutes = params.get("minutes")
+        if state == "MUTED" and isinstance(minutes, (int, float)) and minutes > 0:
+            until = datetime.now(UTC) + timedelta(minutes=float(minutes))
+        await ctx.services.set_room_state(state, mute_until=until)
+        return ActionResult(
+            True, text=label, values={"room_state": state, "mute_until": until.isoformat() if until else None}
+        )
+
+    return handler
+
+
+async def _character(ctx: TurnContext) -> ProviderResult:
+    c = ctx.character
+    parts = [f"# About {c.name}"]
+    if c.bio:
+        parts.append(" ".join(c.bio))
+    if c.topics:
+        parts.append("Topics: " + ", ".join(c.topics))
+    if c.adjectives:
+        parts.append("Adjectives: " + ", ".join(c.adjectives))
+    style = [*c.style.get("all", []), *c.style.get("chat", [])]
+    if style:
+        parts.append("Style: " + "; ".join(style))
+    for example in c.message_examples[:3]:
+        parts.append("Example:\n" + "\n".join(f"{m.name}: {m.text}" for m in example))
+    return ProviderResult("\n".join(parts), values={"agentName": c.name})
+
+
+async def _recent_messages(ctx: TurnContext) -> ProviderResult:
+    if not ctx.history:
+        return ProviderResult()
+    lines = "".join(f"{line.name}: {' '.join(line.text.split())}\n" for line in ctx.history)
+    return ProviderResult("# Conversation so far\n" + lines, data={"count": len(ctx.history)})
+
+
+async def _actions(ctx: TurnContext) -> ProviderResult:
+    catalog = await ctx.services.action_catalog()
+    return ProviderResult("# Available actions\n" + catalog)
+
+
+async def _entities(ctx: TurnContext) -> ProviderResult:
+    if not ctx.participants:
+        return ProviderResult()
+    lines = [f"- {', '.join(p.names) or p.entity_id} ({p.role.lower()})" for p in ctx.participants]
+    return ProviderResult(
+        "# People in this room\n" + "\n".join(lines),
+        data={"entities": [p.entity_id for p in ctx.participants]},
+    )
+
+
+async def _time(ctx: TurnContext) -> ProviderResult:
+    now = datetime.now(UTC)
+    return ProviderResult(
+        f"# Time\nThe current date and time is {now:%Y-%m-%d %H:%M} UTC.", values={"now": now.isoformat()}
+    )
+
+
+async def _facts(ctx: TurnContext) -> ProviderResult:
+    if not ctx.message.text.strip():
+        return ProviderResult()
+    hits = await ctx.services.search_memories(ctx.message.text, kind="facts", limit=5)
+    if not hits:
+        return ProviderResult()
+    return ProviderResult(
+        "# Things you know\n" + "\n".join(f"- {h.text}" for h in hits), data={"facts": [h.id for h in hits]}
+    )
+
+
+async def _attachments(ctx: TurnContext) -> ProviderResult:
+    if not ctx.message.attachments:
+        return ProviderResult()
+    lines = []
+    for a in ctx.message.attachments:
+        line = f"- {a.get('title') or a.get('id') or 'attachment'} ({a.get('contentType') or 'unknown type'})"
+        if a.get("text"):
+            line += f": {a['text'][:2000]}"
+        lines.append(line)
+    return ProviderResult("# Attachments\n" + "\n".join(lines))
+
+
+REFLECTION_PROMPT = """# Reflection
+You are {name}. Read the conversation and list new, lasting facts worth remembering about the people in it
+(preferences, names, plans), and relationships between them. Skip small talk and anything already known.
+
+Conversation:
+{conversation}
+
+Answer with one JSON object only:
+{{"facts": ["..."], "relationships": [{{"source": "...", "target": "...", "kind": "..."}}]}}
+"""
+
+
+async def _should_reflect(ctx: TurnContext) -> bool:
+    return bool(ctx.message.text.strip()) and not ctx.is_autonomous
+
+
+async def _reflect(ctx: TurnContext) -> ActionResult:
+    lines = [f"{line.name}: {line.text}" for line in ctx.history[-8:]]
+    lines.append(f"{ctx.message.sender_name}: {ctx.message.text}")
+    answer = await ctx.services.generate(
+        REFLECTION_PROMPT.format(name=ctx.character.name, conversation="\n".join(lines)), small=True
+    )
+    found = _json_object(answer) or {}
+    facts = [f.strip() for f in found.get("facts", []) if isinstance(f, str) and f.strip()][:10]
+    relationships = [r for r in found.get("relationships", []) if isinstance(r, dict)][:10]
+    for fact in facts:
+        await ctx.services.remember("facts", fact, metadata={"source": "reflection"})
+    for rel in relationships:
+        text = f"{rel.get('source', '?')} {rel.get('kind', 'knows')} {rel.get('target', '?')}"
+        await ctx.services.remember(
+            "facts", text, metadata={"source": "reflection", "relationship": json.dumps(rel)}
+        )
+    return ActionResult(True, values={"facts": len(facts), "relationships": len(relationships)})
+
+
+basic_capabilities = Plugin(
+    name="basic_capabilities",
+    description="Replying, staying quiet, following and muting rooms, context providers and reflection.",
+    actions=(
+        Action(
+            "REPLY",
+            "Answer in the current conversation with the text of the response.",
+            _reply,
+            similes=("RESPOND", "GREET", "ANSWER"),
+            tags=IDEMPOTENT,
+        ),
+        Action(
+            "IGNORE",
+            "Do not answer: the message is not for you, or the conversation is over.",
+            _nothing,
+            similes=("STOP_TALKING",),
+            tags=IDEMPOTENT,
+        ),
+        Action(
+            "NONE",
+            "Do nothing more than answer (if there is text).",
+            _nothing,
+            similes=("NO_ACTION",),
+            tags=IDEMPOTENT,
+        ),
+        Action(
+            "SEND_MESSAGE",
+            "Send a message to another channel of the same connector.",
+            _send_message,
+            similes=("MESSAGE", "DM"),
+            tags=IDEMPOTENT,
+            parameters=(
+                Parameter("target", "the channel id to send to", required=True, aliases=("channel", "to")),
+                Parameter("text", "what to send", required=True, aliases=("message",)),
+            ),
+        ),
+        Action(
+            "FOLLOW_ROOM",
+            "Take part in every conversation of this room, mention or not.",
+            _room_state("FOLLOWED", "following the room"),
+            tags=IDEMPOTENT,
+        ),
+        Action(
+            "UNFOLLOW_ROOM",
+            "Stop following this room: answer only when addressed.",
+            _room_state(None, "no longer following the room"),
+            tags=IDEMPOTENT,
+        ),
+        Action(
+            "MUTE_ROOM",
+            "Stay silent in this room, even when mentioned, until unmuted.",
+            _room_state("MUTED", "room muted"),
+            tags=IDEMPOTENT,
+            parameters=(
+                Parameter(
+                    "minutes",
+                    "mute for this many minutes (default: until unmuted)",
+                    schema={"type": "number", "exclusiveMinimum": 0},
+                ),
+            ),
+        ),
+        Action(
+            "UNMUTE_ROOM", "Speak in this room again.", _room_state(None, "room unmuted"), tags=IDEMPOTENT
+        ),
+    ),
+    providers=(
+        Provider("CHARACTER", _character, "who the agent is", position=-100),
+        Provider("ACTIONS", _actions, "the actions the agent may take", position=-50),
+        Provider("TIME", _time, "the current time", position=-10),
+        Provider("ENTITIES", _entities, "the people in the room", position=0),
+        Provider("FACTS", _facts, "what the agent remembers that relates to the message", position=10),
+        Provider("ATTACHMENTS", _attachments, "files attached to the message", position=20),
+        Provider("RECENT_MESSAGES", _recent_messages, "the room's recent messages", position=100),
+    ),
+    evaluators=(Evaluator("REFLECTION", _reflect, "extracts facts and relationships", _should_reflect),),
+)

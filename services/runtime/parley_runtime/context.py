@@ -1,0 +1,105 @@
+"""What actions, providers and evaluators see of a turn."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from .character import Character
+from .parser import ParsedResponse
+
+
+@dataclass(frozen=True)
+class MessageView:
+    id: uuid.UUID  # the message memory's id
+    text: str
+    source: str
+    channel_id: str
+    room_id: uuid.UUID
+    room_type: str
+    sender_id: uuid.UUID  # the sender's entity id
+    sender_name: str
+    world_id: uuid.UUID | None = None
+    in_reply_to: str = ""
+    attachments: Sequence[Mapping[str, str]] = ()
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def is_autonomous(self) -> bool:
+        return self.metadata.get("is_autonomous", "").lower() in ("1", "true", "yes")
+
+
+@dataclass(frozen=True)
+class HistoryLine:
+    entity_id: str
+    name: str
+    text: str
+    created_at: str
+
+
+@dataclass(frozen=True)
+class Participant:
+    entity_id: str
+    names: Sequence[str]
+    role: str
+    state: str | None
+
+
+@dataclass(frozen=True)
+class MemoryHit:
+    id: str
+    kind: str
+    text: str
+    similarity: float
+    created_at: datetime | None = None
+
+
+class RuntimeServices(Protocol):
+    """What a handler may ask of the runtime. Everything is scoped to the turn's agent."""
+
+    async def set_room_state(self, state: str | None, *, mute_until: datetime | None = None) -> None: ...
+
+    async def search_memories(self, text: str, *, kind: str = "facts", limit: int = 5) -> list[MemoryHit]: ...
+
+    async def remember(
+        self, kind: str, text: str, *, metadata: Mapping[str, Any] | None = None
+    ) -> uuid.UUID: ...
+
+    async def generate(self, prompt: str, *, small: bool = False) -> str: ...
+
+    def get_setting(self, key: str) -> object | None: ...
+
+    async def action_catalog(self) -> str: ...
+
+
+@dataclass
+class State:
+    """Provider output merged: text per provider (in position order), values and data."""
+
+    texts: dict[str, str] = field(default_factory=dict)
+    values: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def text(self) -> str:
+        return "\n\n".join(t for t in self.texts.values() if t)
+
+
+@dataclass
+class TurnContext:
+    agent_id: uuid.UUID
+    character: Character
+    message: MessageView
+    role: str
+    history: Sequence[HistoryLine]
+    participants: Sequence[Participant]
+    services: RuntimeServices
+    state: State = field(default_factory=State)
+    parsed: ParsedResponse | None = None
+    results: list[Any] = field(default_factory=list)  # ActionResults of earlier actions in this turn
+
+    @property
+    def is_autonomous(self) -> bool:
+        return self.message.is_autonomous
