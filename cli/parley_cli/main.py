@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -86,6 +87,31 @@ async def cmd_chat(args: argparse.Namespace) -> int:
 
 
 async def cmd_agents(args: argparse.Namespace) -> int:
+    if args.action in ("add", "enable", "disable") and not args.target:
+        what = "a character file" if args.action == "add" else "an agent name or id"
+        print(f"parley agents {args.action}: give {what}", file=sys.stderr)
+        return 2
+    if args.action == "add":
+        try:
+            text = await asyncio.to_thread(Path(args.target).read_text)
+        except OSError as exc:
+            print(f"parley: cannot read {args.target}: {exc.strerror}", file=sys.stderr)
+            return 1
+        async with client.runtime_stub() as (stub, metadata):
+            agent = await client.call(
+                stub.UpsertAgent, runtime_pb2.UpsertAgentRequest(character=text), metadata
+            )
+        print(f"saved agent {agent.name} ({agent.id}), {'enabled' if agent.enabled else 'disabled'}")
+        return 0
+    if args.action in ("enable", "disable"):
+        async with client.runtime_stub() as (stub, metadata):
+            agent = await client.call(
+                stub.SetAgentEnabled,
+                runtime_pb2.SetAgentEnabledRequest(agent_id=args.target, enabled=args.action == "enable"),
+                metadata,
+            )
+        print(f"agent {agent.name} is {'enabled' if agent.enabled else 'disabled'}")
+        return 0
     agents = await client.list_agents()
     if args.json:
         print(json.dumps([{"id": a.id, "name": a.name, "enabled": a.enabled} for a in agents], indent=2))
@@ -93,6 +119,39 @@ async def cmd_agents(args: argparse.Namespace) -> int:
     print(f"{'NAME':<20} {'ENABLED':<8} ID")
     for agent in agents:
         print(f"{agent.name:<20} {'yes' if agent.enabled else 'no':<8} {agent.id}")
+    return 0
+
+
+async def cmd_turns(args: argparse.Namespace) -> int:
+    async with client.runtime_stub() as (stub, metadata):
+        if args.turn:
+            turn = await client.call(
+                stub.GetTurn, runtime_pb2.GetTurnRequest(agent_id=args.agent, turn_id=args.turn), metadata
+            )
+            print(
+                f"turn {turn.id}: {turn.state}"
+                + (f" ({turn.reason})" if turn.reason else "")
+                + f", {turn.attempts} attempt(s)"
+            )
+            if turn.error:
+                print(f"error: {turn.error}")
+            if turn.trajectory_json:
+                print(json.dumps(json.loads(turn.trajectory_json), indent=2))
+            else:
+                print("no trajectory (PARLEY_TRAJECTORY_LOGGING is off for this runtime)")
+            return 0
+        reply = await client.call(
+            stub.ListTurns,
+            runtime_pb2.ListTurnsRequest(
+                agent_id=args.agent,
+                room_id=args.room or "",
+                page=common_pb2.PageRequest(limit=args.limit, offset=args.offset),
+            ),
+            metadata,
+        )
+    for turn in reply.turns:
+        when = turn.received_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S")
+        print(f"{when}  {turn.id}  {turn.state:<10} {turn.reason}")
     return 0
 
 
@@ -112,6 +171,21 @@ async def cmd_rooms(args: argparse.Namespace) -> int:
 
 async def cmd_memories(args: argparse.Namespace) -> int:
     async with client.runtime_stub() as (stub, metadata):
+        if args.search:
+            found = await client.call(
+                stub.SearchMemories,
+                runtime_pb2.SearchMemoriesRequest(
+                    agent_id=args.agent,
+                    query=args.search,
+                    table=args.table if args.table != "messages" else "facts",
+                    room_id=args.room or "",
+                    limit=min(args.limit, 50),
+                ),
+                metadata,
+            )
+            for hit in found.hits:
+                print(f"{hit.similarity:.3f}  {hit.memory.text}")
+            return 0
         reply = await client.call(
             stub.ListMemories,
             runtime_pb2.ListMemoriesRequest(
@@ -158,7 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     talk(p)
     p.set_defaults(coro=cmd_chat)
 
-    p = sub.add_parser("agents", help="list agents")
+    p = sub.add_parser("agents", help="list, add (create or update from a character file), enable, disable")
+    p.add_argument("action", nargs="?", default="list", choices=["list", "add", "enable", "disable"])
+    p.add_argument("target", nargs="?", help="character file (add) or agent name/id (enable, disable)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(coro=cmd_agents)
 
@@ -175,7 +251,16 @@ def build_parser() -> argparse.ArgumentParser:
     paged(p)
     p.add_argument("--room", help="only this room id")
     p.add_argument("--table", default="messages")
+    p.add_argument(
+        "--search", metavar="QUERY", help="search by meaning (facts unless --table says otherwise)"
+    )
     p.set_defaults(coro=cmd_memories)
+
+    p = sub.add_parser("turns", help="an agent's turns, or one turn with its trajectory")
+    paged(p)
+    p.add_argument("turn", nargs="?", help="a turn id: show it with its trajectory")
+    p.add_argument("--room", help="only this room id")
+    p.set_defaults(coro=cmd_turns)
 
     for module in COMMAND_MODULES:
         module.register(sub)

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .actions import Catalog
 from .agent_settings import get_setting, setting_bool
 from .basic import basic_capabilities
-from .character import Character
+from .character import Character, parse_character
 from .plugin import Plugin, discover_plugins, resolve_plugins
-from .secrets import Redactor
+from .secrets import Redactor, SecretBox
+from .store import RuntimeStore
 
 BUILTIN_PLUGINS: dict[str, Plugin] = {"basic_capabilities": basic_capabilities}
 
@@ -60,7 +61,88 @@ def plugins_for(character: Character) -> list[Plugin]:
 def agent_from_row(
     row: Mapping[str, Any], secrets: Mapping[str, str], host_settings: Mapping[str, object]
 ) -> AgentInfo:
-    from .character import parse_character
 
     character = parse_character({**row["character"], "secrets": dict(secrets)}, f"agent {row['name']}")
     return AgentInfo(row["id"], character, enabled=row["enabled"], host_settings=host_settings)
+
+
+class AgentDirectory:
+    """The agents this replica serves, kept in step with the database and the other replicas.
+
+    Character files are loaded at start-up; the operator API adds, updates, enables and
+    disables agents at run time. A change is written to the database, then announced on
+    ``<ns>.runtime.agents.changed`` so every replica reloads that agent. A replica that
+    missed the announcement finds an unknown agent in the database before giving up on it.
+    """
+
+    def __init__(self, store: RuntimeStore, box: SecretBox, host_settings: Mapping[str, object]) -> None:
+        self.store = store
+        self.box = box
+        self.host_settings = host_settings
+        self.agents: dict[str, AgentInfo] = {}
+        self._announce: Callable[[str], Awaitable[None]] | None = None
+
+    def connect(self, announce: Callable[[str], Awaitable[None]]) -> None:
+        self._announce = announce
+
+    def get(self, ref: str) -> AgentInfo | None:
+        agent = self.agents.get(ref)
+        if agent is None:
+            agent = next((a for a in self.agents.values() if a.character.name == ref), None)
+        return agent
+
+    async def find(self, ref: str) -> AgentInfo | None:
+        """By id or name, from memory, else from the database."""
+        return self.get(ref) or await self.reload(ref)
+
+    async def save(self, character: Character) -> AgentInfo:
+        """Validate (plugins included), store with secrets encrypted, serve, and tell the other replicas."""
+        agent = AgentInfo(
+            character.agent_id, character, enabled=character.enabled, host_settings=self.host_settings
+        )
+        await self.store.upsert_agent(
+            character.agent_id, character.name, character.document(), character.enabled
+        )
+        await self.store.store_secrets(
+            character.agent_id,
+            {
+                name: self.box.encrypt(value, name=self._secret_name(character.agent_id, name))
+                for name, value in character.secrets.items()
+            },
+        )
+        self.agents[str(character.agent_id)] = agent
+        await self._changed(str(character.agent_id))
+        return agent
+
+    async def set_enabled(self, agent: AgentInfo, enabled: bool) -> AgentInfo:
+        await self.store.set_agent_enabled(agent.id, enabled)
+        agent.enabled = enabled
+        await self._changed(str(agent.id))
+        return agent
+
+    async def reload(self, ref: str) -> AgentInfo | None:
+        try:
+            agent_id: uuid.UUID | None = uuid.UUID(ref)
+        except ValueError:
+            agent_id = None
+        row = await self.store.get_agent(agent_id, None if agent_id else ref)
+        if row is None:
+            return None
+        secrets = {
+            r["name"]: self.box.decrypt(r["ciphertext"], name=self._secret_name(row["id"], r["name"]))
+            for r in await self.store.list_secrets(row["id"])
+        }
+        agent = agent_from_row(row, secrets, self.host_settings)
+        self.agents[str(agent.id)] = agent
+        return agent
+
+    async def on_changed(self, agent_id: str) -> None:
+        await self.reload(agent_id)
+
+    async def _changed(self, agent_id: str) -> None:
+        if self._announce is not None:
+            await self._announce(agent_id)
+
+    @staticmethod
+    def _secret_name(agent_id: uuid.UUID, name: str) -> str:
+        return f"{agent_id}/{name}"

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import yaml
 from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -15,7 +18,9 @@ from parley_platform.bus import Bus
 from parley_platform.errors import DeadlineExceeded, InvalidArgument, NotFound
 from parley_platform.paging import cut, page_of
 
-from .agents import AgentInfo
+from .agents import AgentDirectory, AgentInfo
+from .character import parse_character
+from .store import RuntimeStore
 from .turn import ROOM_TYPES
 
 ROOM_TYPE_VALUES: dict[str, Any] = {name: value for value, name in ROOM_TYPES.items() if value}
@@ -63,26 +68,113 @@ class ReplyWaiters:
 
 
 class RuntimeApi:
-    def __init__(self, *, store: Any, bus: Bus, agents: dict[str, AgentInfo], waiters: ReplyWaiters) -> None:
+    def __init__(
+        self,
+        *,
+        store: RuntimeStore,
+        bus: Bus,
+        directory: AgentDirectory,
+        waiters: ReplyWaiters,
+        embed: Callable[[Sequence[str], uuid.UUID], Awaitable[list[list[float]]]],
+    ) -> None:
         self.store = store
         self.bus = bus
-        self.agents = agents
+        self.directory = directory
         self.waiters = waiters
+        self.embed = embed
 
-    def resolve_agent(self, ref: str) -> AgentInfo:
+    async def find_agent(self, ref: str) -> AgentInfo:
         if not ref:
             raise InvalidArgument("agent_id is required (an agent id or name)", code="AGENT_REQUIRED")
-        agent = self.agents.get(ref)
-        if agent is None:
-            agent = next((a for a in self.agents.values() if a.character.name == ref), None)
+        agent = await self.directory.find(ref)
         if agent is None:
             raise NotFound(
                 f"no agent {ref[:100]!r}", code="AGENT_NOT_FOUND", hint="list them with `parley agents`"
             )
         return agent
 
+    @staticmethod
+    def agent_message(agent: AgentInfo) -> runtime_pb2.Agent:
+        return runtime_pb2.Agent(
+            id=str(agent.id),
+            name=agent.character.name,
+            enabled=agent.enabled,
+            bio=" ".join(agent.character.bio),
+        )
+
+    async def UpsertAgent(self, request: runtime_pb2.UpsertAgentRequest) -> runtime_pb2.Agent:
+        text = request.character.strip()
+        if not text:
+            raise InvalidArgument(
+                "character is required (a JSON or YAML character document)", code="CHARACTER_REQUIRED"
+            )
+        if len(text) > 1_000_000:
+            raise InvalidArgument("character is over 1 MB", code="CHARACTER_TOO_LARGE")
+        try:
+            document = yaml.safe_load(text)  # JSON is YAML too
+        except yaml.YAMLError as exc:
+            raise InvalidArgument("character is neither JSON nor YAML", code="CHARACTER_INVALID") from exc
+        agent = await self.directory.save(parse_character(document, "character"))
+        return self.agent_message(agent)
+
+    async def SetAgentEnabled(self, request: runtime_pb2.SetAgentEnabledRequest) -> runtime_pb2.Agent:
+        agent = await self.find_agent(request.agent_id)
+        return self.agent_message(await self.directory.set_enabled(agent, request.enabled))
+
+    async def SearchMemories(
+        self, request: runtime_pb2.SearchMemoriesRequest
+    ) -> runtime_pb2.SearchMemoriesResponse:
+        agent = await self.find_agent(request.agent_id)
+        if not request.query.strip():
+            raise InvalidArgument("query must not be empty", code="QUERY_REQUIRED")
+        kind = request.table or "facts"
+        if kind not in MEMORY_KINDS:
+            raise InvalidArgument(
+                f"table must be one of {', '.join(sorted(MEMORY_KINDS))}", code="INVALID_TABLE"
+            )
+        limit = request.limit or 10
+        if not 1 <= limit <= 50:
+            raise InvalidArgument("limit must be from 1 to 50", code="INVALID_LIMIT")
+        room = _uuid(request.room_id, "room_id") if request.room_id else None
+        [vector] = await self.embed([request.query], agent.id)
+        rows = await self.store.search_memories(agent.id, vector, kind=kind, limit=limit, room_id=room)
+        return runtime_pb2.SearchMemoriesResponse(
+            hits=[
+                runtime_pb2.MemoryHit(
+                    memory=runtime_pb2.Memory(
+                        id=str(r["id"]),
+                        agent_id=str(agent.id),
+                        table=r["kind"],
+                        text=r["text"] or "",
+                        created_at=_ts(r["created_at"]),
+                    ),
+                    similarity=float(r["similarity"]),
+                )
+                for r in rows
+            ]
+        )
+
+    async def ListTurns(self, request: runtime_pb2.ListTurnsRequest) -> runtime_pb2.ListTurnsResponse:
+        agent = await self.find_agent(request.agent_id)
+        room = _uuid(request.room_id, "room_id") if request.room_id else None
+        page = page_of(request.page if request.HasField("page") else None)
+        rows, page_response = cut(page, await self.store.list_turns(agent.id, room, page.fetch, page.offset))
+        return runtime_pb2.ListTurnsResponse(turns=[_turn(agent, r) for r in rows], page=page_response)
+
+    async def GetTurn(self, request: runtime_pb2.GetTurnRequest) -> runtime_pb2.Turn:
+        agent = await self.find_agent(request.agent_id)
+        row = await self.store.get_turn(agent.id, _uuid(request.turn_id, "turn_id"))
+        if row is None:
+            raise NotFound(
+                f"no turn {request.turn_id} for agent {agent.character.name!r}", code="TURN_NOT_FOUND"
+            )
+        turn = _turn(agent, row)
+        if row.get("trajectory") is not None:
+            turn.trajectory_json = json.dumps(agent.redactor.redact_obj(row["trajectory"]), sort_keys=True)
+        return turn
+
     async def SendMessage(self, request: runtime_pb2.SendMessageRequest) -> runtime_pb2.SendMessageResponse:
-        agent = self.resolve_agent(request.agent_id)
+        agent = await self.find_agent(request.agent_id)
         if not request.text.strip():
             raise InvalidArgument("text must not be empty", code="TEXT_REQUIRED")
         if request.timeout_seconds < 0 or request.timeout_seconds > 600:
@@ -137,7 +229,7 @@ class RuntimeApi:
         return runtime_pb2.ListAgentsResponse(agents=agents, page=page_response)
 
     async def ListRooms(self, request: runtime_pb2.ListRoomsRequest) -> runtime_pb2.ListRoomsResponse:
-        agent = self.resolve_agent(request.agent_id)
+        agent = await self.find_agent(request.agent_id)
         page = page_of(request.page if request.HasField("page") else None)
         rows, page_response = cut(page, await self.store.list_rooms(agent.id, page.fetch, page.offset))
         rooms = [
@@ -157,7 +249,7 @@ class RuntimeApi:
     async def ListMemories(
         self, request: runtime_pb2.ListMemoriesRequest
     ) -> runtime_pb2.ListMemoriesResponse:
-        agent = self.resolve_agent(request.agent_id)
+        agent = await self.find_agent(request.agent_id)
         kind = request.table or "messages"
         if kind not in MEMORY_KINDS:
             raise InvalidArgument(
@@ -187,3 +279,20 @@ class RuntimeApi:
                 )
             )
         return runtime_pb2.ListMemoriesResponse(memories=memories, page=page_response)
+
+
+def _turn(agent: AgentInfo, row: Mapping[str, Any]) -> runtime_pb2.Turn:
+    return runtime_pb2.Turn(
+        id=str(row["id"]),
+        agent_id=str(agent.id),
+        room_id=str(row["room_id"]),
+        state=row["state"],
+        reason=row.get("reason") or "",
+        attempts=row["attempts"],
+        response_id=str(row["response_id"] or ""),
+        error=agent.redactor.redact(row["error"] or ""),
+        stream_sequence=row["stream_seq"],
+        received_at=_ts(row["received_at"]),
+        started_at=_ts(row.get("started_at")),
+        finished_at=_ts(row.get("finished_at")),
+    )

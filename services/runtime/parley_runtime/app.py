@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from parley.v1 import runtime_pb2, runtime_pb2_grpc
 from parley_platform.bus import Bus, ConsumerSpec
 from parley_platform.consumer import PullConsumer
-from parley_platform.errors import InvalidArgument
+from parley_platform.errors import InvalidArgument, ParleyError
 from parley_platform.grpcserver import GrpcServer, start_grpc_server
 from parley_platform.lifecycle import shutdown_in_order
 from parley_platform.logging import get_logger
@@ -20,9 +22,9 @@ from parley_platform.rpc import RpcClient, RpcServer
 from parley_platform.service import grpc_binding, register_nats
 
 from .agent_settings import trajectory_logging_enabled
-from .agents import AgentInfo
+from .agents import AgentDirectory
 from .api import API_SOURCE, ReplyWaiters, RuntimeApi
-from .character import Character, load_characters
+from .character import load_characters
 from .config import RuntimeSettings
 from .secrets import SecretBox, check_salt
 from .store import MIGRATIONS_DIR, SCHEMA, RuntimeStore
@@ -37,7 +39,6 @@ class RuntimeApp:
     def __init__(self, settings: RuntimeSettings) -> None:
         self.settings = settings
         self.registry = CollectorRegistry()
-        self.agents: dict[str, AgentInfo] = {}
         self.grpc: GrpcServer | None = None
         self.metrics_server: MetricsServer | None = None
         self.consumer: PullConsumer | None = None
@@ -66,14 +67,14 @@ class RuntimeApp:
             environment=s.environment.value,
             allow_default=s.allow_default_secret_salt,
         )
-        self.secret_box = SecretBox(salt)
         trajectory_logging = trajectory_logging_enabled(s.trajectory_logging, s.environment.value)
         await migrate(s.database_url, SCHEMA, MIGRATIONS_DIR)
         self.db = Database(s.database_url, name=SERVICE, min_size=s.db_pool_min, max_size=s.db_pool_max)
         await self.db.open()
         self.store = RuntimeStore(self.db)
+        self.directory = AgentDirectory(self.store, SecretBox(salt), {})
         for character in characters:
-            await self.load_agent(character)
+            await self.directory.save(character)
         log.info(
             "agents loaded",
             agents=",".join(c.name for c in characters),
@@ -87,7 +88,7 @@ class RuntimeApp:
             store=self.store,
             bus=self.bus,
             rpc=RpcClient(self.bus),
-            agents=self.agents,
+            directory=self.directory,
             metrics=TurnMetrics(self.registry),
             settings=TurnSettings(
                 max_text_bytes=s.max_text_bytes,
@@ -101,7 +102,24 @@ class RuntimeApp:
         subjects = self.bus.subjects
         self.waiters = ReplyWaiters()
         self.reply_sub = await self.bus.subscribe(subjects.outbound("*", API_SOURCE), self.waiters.on_message)
-        self.api = RuntimeApi(store=self.store, bus=self.bus, agents=self.agents, waiters=self.waiters)
+        changes = subjects.rpc(SERVICE, "agents.changed")
+
+        async def announce(agent_id: str) -> None:
+            await self.bus.publish_core(changes, agent_id.encode())  # type: ignore[union-attr]
+
+        async def on_change(msg: Any) -> None:
+            with contextlib.suppress(ParleyError):
+                await self.directory.on_changed(msg.data.decode(errors="replace"))
+
+        self.directory.connect(announce)
+        self.changes_sub = await self.bus.subscribe(changes, on_change)
+        self.api = RuntimeApi(
+            store=self.store,
+            bus=self.bus,
+            directory=self.directory,
+            waiters=self.waiters,
+            embed=self.turns.embed,
+        )
         self.rpc_server = RpcServer(self.bus, SERVICE, metrics=messaging)
         register_nats(self.rpc_server, self.api, runtime_pb2, "Runtime")
         await self.rpc_server.start()
@@ -134,19 +152,6 @@ class RuntimeApp:
             metrics_port=self.metrics_server.port,
             namespace=s.namespace,
         )
-
-    async def load_agent(self, character: Character) -> AgentInfo:
-        """Validate the character's plugins, store it (secrets encrypted) and serve it."""
-        agent = AgentInfo(character.agent_id, character, enabled=character.enabled)
-        await self.store.upsert_agent(
-            character.agent_id, character.name, character.document(), character.enabled
-        )
-        await self.store.store_secrets(
-            character.agent_id,
-            {name: self.secret_box.encrypt(value, name=name) for name, value in character.secrets.items()},
-        )
-        self.agents[str(character.agent_id)] = agent
-        return agent
 
     async def stop(self) -> None:
         timeout = self.settings.shutdown_timeout_seconds

@@ -36,7 +36,7 @@ from parley_platform.rpc import RpcClient
 from . import ids
 from .actions import describe, permission_error, resolve_action_args, schema_errors
 from .agent_settings import setting_list
-from .agents import AgentInfo
+from .agents import AgentDirectory, AgentInfo
 from .context import HistoryLine, MemoryHit, MessageView, Participant, State, TurnContext
 from .parser import ParsedResponse, normalize_actions, parse_or_plain, parse_response
 from .plugin import ActionResult, Content, Provider
@@ -237,14 +237,14 @@ class TurnProcessor:
         store: RuntimeStore,
         bus: Bus,
         rpc: RpcClient,
-        agents: Mapping[str, AgentInfo],
+        directory: AgentDirectory,
         metrics: TurnMetrics,
         settings: TurnSettings,
     ) -> None:
         self.store = store
         self.bus = bus
         self.rpc = rpc
-        self.agents = agents
+        self.directory = directory
         self.metrics = metrics
         self.settings = settings
         self._background: set[asyncio.Task[None]] = set()
@@ -298,9 +298,11 @@ class TurnProcessor:
     async def handle(self, delivery: Delivery) -> None:
         started = time.perf_counter()
         subject_agent = delivery.subject.rsplit(".", 1)[-1]
+        if subject_agent not in self.directory.agents and _uuid_or_none(subject_agent) is not None:
+            await self.directory.reload(subject_agent)  # created on another replica since we started
         try:
             inbound, agent = decode_inbound(
-                delivery.data, subject_agent, self.agents, self.settings.max_text_bytes
+                delivery.data, subject_agent, self.directory.agents, self.settings.max_text_bytes
             )
         except Poison as poison:
             self.metrics.dead.labels(poison.label).inc()

@@ -627,3 +627,263 @@ class ListMemoriesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListMemoriesResponse: _TypeAlias = ListMemoriesResponse  # noqa: Y015
+
+@_typing.final
+class UpsertAgentRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHARACTER_FIELD_NUMBER: _builtins.int
+    character: _builtins.str
+    """The character document, JSON or YAML (see characters/default.yaml). Secrets in it are
+    stored encrypted and never returned.
+    """
+    def __init__(
+        self,
+        *,
+        character: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["character", b"character"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpsertAgentRequest: _TypeAlias = UpsertAgentRequest  # noqa: Y015
+
+@_typing.final
+class SetAgentEnabledRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    ENABLED_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    """id or name"""
+    enabled: _builtins.bool
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        enabled: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "enabled", b"enabled"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetAgentEnabledRequest: _TypeAlias = SetAgentEnabledRequest  # noqa: Y015
+
+@_typing.final
+class SearchMemoriesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    QUERY_FIELD_NUMBER: _builtins.int
+    TABLE_FIELD_NUMBER: _builtins.int
+    ROOM_ID_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    query: _builtins.str
+    table: _builtins.str
+    """default facts"""
+    room_id: _builtins.str
+    """optional filter"""
+    limit: _builtins.int
+    """1..50, default 10"""
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        query: _builtins.str = ...,
+        table: _builtins.str = ...,
+        room_id: _builtins.str = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "limit", b"limit", "query", b"query", "room_id", b"room_id", "table", b"table"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SearchMemoriesRequest: _TypeAlias = SearchMemoriesRequest  # noqa: Y015
+
+@_typing.final
+class MemoryHit(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEMORY_FIELD_NUMBER: _builtins.int
+    SIMILARITY_FIELD_NUMBER: _builtins.int
+    similarity: _builtins.float
+    """cosine similarity, 1 is identical"""
+    @_builtins.property
+    def memory(self) -> Global___Memory: ...
+    def __init__(
+        self,
+        *,
+        memory: Global___Memory | None = ...,
+        similarity: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory", "similarity", b"similarity"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MemoryHit: _TypeAlias = MemoryHit  # noqa: Y015
+
+@_typing.final
+class SearchMemoriesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HITS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def hits(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemoryHit]: ...
+    def __init__(
+        self,
+        *,
+        hits: _abc.Iterable[Global___MemoryHit] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SearchMemoriesResponse: _TypeAlias = SearchMemoriesResponse  # noqa: Y015
+
+@_typing.final
+class Turn(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    ROOM_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    RESPONSE_ID_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    STREAM_SEQUENCE_FIELD_NUMBER: _builtins.int
+    RECEIVED_AT_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
+    FINISHED_AT_FIELD_NUMBER: _builtins.int
+    TRAJECTORY_JSON_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """the inbound message memory's id"""
+    agent_id: _builtins.str
+    room_id: _builtins.str
+    state: _builtins.str
+    """received, running, replied, ignored, failed, superseded"""
+    reason: _builtins.str
+    """why it ended so: self, muted, not_addressed, no_reply, ..."""
+    attempts: _builtins.int
+    response_id: _builtins.str
+    error: _builtins.str
+    stream_sequence: _builtins.int
+    trajectory_json: _builtins.str
+    """With trajectory logging on: providers, prompt segments, raw model output, actions with
+    parameters and results, evaluator results; JSON, secrets redacted.
+    """
+    @_builtins.property
+    def received_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def started_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def finished_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        agent_id: _builtins.str = ...,
+        room_id: _builtins.str = ...,
+        state: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        attempts: _builtins.int = ...,
+        response_id: _builtins.str = ...,
+        error: _builtins.str = ...,
+        stream_sequence: _builtins.int = ...,
+        received_at: _timestamp_pb2.Timestamp | None = ...,
+        started_at: _timestamp_pb2.Timestamp | None = ...,
+        finished_at: _timestamp_pb2.Timestamp | None = ...,
+        trajectory_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["finished_at", b"finished_at", "received_at", b"received_at", "started_at", b"started_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "attempts", b"attempts", "error", b"error", "finished_at", b"finished_at", "id", b"id", "reason", b"reason", "received_at", b"received_at", "response_id", b"response_id", "room_id", b"room_id", "started_at", b"started_at", "state", b"state", "stream_sequence", b"stream_sequence", "trajectory_json", b"trajectory_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Turn: _TypeAlias = Turn  # noqa: Y015
+
+@_typing.final
+class ListTurnsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    ROOM_ID_FIELD_NUMBER: _builtins.int
+    PAGE_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    room_id: _builtins.str
+    """optional filter"""
+    @_builtins.property
+    def page(self) -> _common_pb2.PageRequest: ...
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        room_id: _builtins.str = ...,
+        page: _common_pb2.PageRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "page", b"page", "room_id", b"room_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTurnsRequest: _TypeAlias = ListTurnsRequest  # noqa: Y015
+
+@_typing.final
+class ListTurnsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TURNS_FIELD_NUMBER: _builtins.int
+    PAGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def turns(self) -> _containers.RepeatedCompositeFieldContainer[Global___Turn]: ...
+    @_builtins.property
+    def page(self) -> _common_pb2.PageResponse: ...
+    def __init__(
+        self,
+        *,
+        turns: _abc.Iterable[Global___Turn] | None = ...,
+        page: _common_pb2.PageResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page", b"page", "turns", b"turns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTurnsResponse: _TypeAlias = ListTurnsResponse  # noqa: Y015
+
+@_typing.final
+class GetTurnRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    turn_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTurnRequest: _TypeAlias = GetTurnRequest  # noqa: Y015

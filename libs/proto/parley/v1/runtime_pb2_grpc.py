@@ -44,6 +44,16 @@ class RuntimeStub:
                 request_serializer=parley_dot_v1_dot_runtime__pb2.ListAgentsRequest.SerializeToString,
                 response_deserializer=parley_dot_v1_dot_runtime__pb2.ListAgentsResponse.FromString,
                 _registered_method=True)
+        self.UpsertAgent = channel.unary_unary(
+                '/parley.v1.Runtime/UpsertAgent',
+                request_serializer=parley_dot_v1_dot_runtime__pb2.UpsertAgentRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_runtime__pb2.Agent.FromString,
+                _registered_method=True)
+        self.SetAgentEnabled = channel.unary_unary(
+                '/parley.v1.Runtime/SetAgentEnabled',
+                request_serializer=parley_dot_v1_dot_runtime__pb2.SetAgentEnabledRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_runtime__pb2.Agent.FromString,
+                _registered_method=True)
         self.ListRooms = channel.unary_unary(
                 '/parley.v1.Runtime/ListRooms',
                 request_serializer=parley_dot_v1_dot_runtime__pb2.ListRoomsRequest.SerializeToString,
@@ -53,6 +63,21 @@ class RuntimeStub:
                 '/parley.v1.Runtime/ListMemories',
                 request_serializer=parley_dot_v1_dot_runtime__pb2.ListMemoriesRequest.SerializeToString,
                 response_deserializer=parley_dot_v1_dot_runtime__pb2.ListMemoriesResponse.FromString,
+                _registered_method=True)
+        self.SearchMemories = channel.unary_unary(
+                '/parley.v1.Runtime/SearchMemories',
+                request_serializer=parley_dot_v1_dot_runtime__pb2.SearchMemoriesRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_runtime__pb2.SearchMemoriesResponse.FromString,
+                _registered_method=True)
+        self.ListTurns = channel.unary_unary(
+                '/parley.v1.Runtime/ListTurns',
+                request_serializer=parley_dot_v1_dot_runtime__pb2.ListTurnsRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_runtime__pb2.ListTurnsResponse.FromString,
+                _registered_method=True)
+        self.GetTurn = channel.unary_unary(
+                '/parley.v1.Runtime/GetTurn',
+                request_serializer=parley_dot_v1_dot_runtime__pb2.GetTurnRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_runtime__pb2.Turn.FromString,
                 _registered_method=True)
 
 
@@ -71,6 +96,18 @@ class RuntimeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpsertAgent(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetAgentEnabled(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListRooms(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -78,6 +115,24 @@ class RuntimeServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListMemories(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SearchMemories(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTurns(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTurn(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -96,6 +151,16 @@ def add_RuntimeServicer_to_server(servicer, server):
                     request_deserializer=parley_dot_v1_dot_runtime__pb2.ListAgentsRequest.FromString,
                     response_serializer=parley_dot_v1_dot_runtime__pb2.ListAgentsResponse.SerializeToString,
             ),
+            'UpsertAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpsertAgent,
+                    request_deserializer=parley_dot_v1_dot_runtime__pb2.UpsertAgentRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_runtime__pb2.Agent.SerializeToString,
+            ),
+            'SetAgentEnabled': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetAgentEnabled,
+                    request_deserializer=parley_dot_v1_dot_runtime__pb2.SetAgentEnabledRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_runtime__pb2.Agent.SerializeToString,
+            ),
             'ListRooms': grpc.unary_unary_rpc_method_handler(
                     servicer.ListRooms,
                     request_deserializer=parley_dot_v1_dot_runtime__pb2.ListRoomsRequest.FromString,
@@ -105,6 +170,21 @@ def add_RuntimeServicer_to_server(servicer, server):
                     servicer.ListMemories,
                     request_deserializer=parley_dot_v1_dot_runtime__pb2.ListMemoriesRequest.FromString,
                     response_serializer=parley_dot_v1_dot_runtime__pb2.ListMemoriesResponse.SerializeToString,
+            ),
+            'SearchMemories': grpc.unary_unary_rpc_method_handler(
+                    servicer.SearchMemories,
+                    request_deserializer=parley_dot_v1_dot_runtime__pb2.SearchMemoriesRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_runtime__pb2.SearchMemoriesResponse.SerializeToString,
+            ),
+            'ListTurns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTurns,
+                    request_deserializer=parley_dot_v1_dot_runtime__pb2.ListTurnsRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_runtime__pb2.ListTurnsResponse.SerializeToString,
+            ),
+            'GetTurn': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTurn,
+                    request_deserializer=parley_dot_v1_dot_runtime__pb2.GetTurnRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_runtime__pb2.Turn.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -172,6 +252,60 @@ class Runtime:
             _registered_method=True)
 
     @staticmethod
+    def UpsertAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.Runtime/UpsertAgent',
+            parley_dot_v1_dot_runtime__pb2.UpsertAgentRequest.SerializeToString,
+            parley_dot_v1_dot_runtime__pb2.Agent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetAgentEnabled(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.Runtime/SetAgentEnabled',
+            parley_dot_v1_dot_runtime__pb2.SetAgentEnabledRequest.SerializeToString,
+            parley_dot_v1_dot_runtime__pb2.Agent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def ListRooms(request,
             target,
             options=(),
@@ -215,6 +349,87 @@ class Runtime:
             '/parley.v1.Runtime/ListMemories',
             parley_dot_v1_dot_runtime__pb2.ListMemoriesRequest.SerializeToString,
             parley_dot_v1_dot_runtime__pb2.ListMemoriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SearchMemories(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.Runtime/SearchMemories',
+            parley_dot_v1_dot_runtime__pb2.SearchMemoriesRequest.SerializeToString,
+            parley_dot_v1_dot_runtime__pb2.SearchMemoriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTurns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.Runtime/ListTurns',
+            parley_dot_v1_dot_runtime__pb2.ListTurnsRequest.SerializeToString,
+            parley_dot_v1_dot_runtime__pb2.ListTurnsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.Runtime/GetTurn',
+            parley_dot_v1_dot_runtime__pb2.GetTurnRequest.SerializeToString,
+            parley_dot_v1_dot_runtime__pb2.Turn.FromString,
             options,
             channel_credentials,
             insecure,

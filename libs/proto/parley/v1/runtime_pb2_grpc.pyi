@@ -33,16 +33,26 @@ class RuntimeStub:
     def __new__(cls, channel: _aio.Channel) -> RuntimeAsyncStub: ...
     SendMessage: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.SendMessageRequest, _runtime_pb2.SendMessageResponse]
     ListAgents: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.ListAgentsRequest, _runtime_pb2.ListAgentsResponse]
+    UpsertAgent: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.UpsertAgentRequest, _runtime_pb2.Agent]
+    SetAgentEnabled: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.SetAgentEnabledRequest, _runtime_pb2.Agent]
     ListRooms: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.ListRoomsRequest, _runtime_pb2.ListRoomsResponse]
     ListMemories: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.ListMemoriesRequest, _runtime_pb2.ListMemoriesResponse]
+    SearchMemories: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.SearchMemoriesRequest, _runtime_pb2.SearchMemoriesResponse]
+    ListTurns: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.ListTurnsRequest, _runtime_pb2.ListTurnsResponse]
+    GetTurn: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.GetTurnRequest, _runtime_pb2.Turn]
 
 @_typing.type_check_only
 class RuntimeAsyncStub(RuntimeStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     SendMessage: _aio.UnaryUnaryMultiCallable[_runtime_pb2.SendMessageRequest, _runtime_pb2.SendMessageResponse]  # type: ignore[assignment]
     ListAgents: _aio.UnaryUnaryMultiCallable[_runtime_pb2.ListAgentsRequest, _runtime_pb2.ListAgentsResponse]  # type: ignore[assignment]
+    UpsertAgent: _aio.UnaryUnaryMultiCallable[_runtime_pb2.UpsertAgentRequest, _runtime_pb2.Agent]  # type: ignore[assignment]
+    SetAgentEnabled: _aio.UnaryUnaryMultiCallable[_runtime_pb2.SetAgentEnabledRequest, _runtime_pb2.Agent]  # type: ignore[assignment]
     ListRooms: _aio.UnaryUnaryMultiCallable[_runtime_pb2.ListRoomsRequest, _runtime_pb2.ListRoomsResponse]  # type: ignore[assignment]
     ListMemories: _aio.UnaryUnaryMultiCallable[_runtime_pb2.ListMemoriesRequest, _runtime_pb2.ListMemoriesResponse]  # type: ignore[assignment]
+    SearchMemories: _aio.UnaryUnaryMultiCallable[_runtime_pb2.SearchMemoriesRequest, _runtime_pb2.SearchMemoriesResponse]  # type: ignore[assignment]
+    ListTurns: _aio.UnaryUnaryMultiCallable[_runtime_pb2.ListTurnsRequest, _runtime_pb2.ListTurnsResponse]  # type: ignore[assignment]
+    GetTurn: _aio.UnaryUnaryMultiCallable[_runtime_pb2.GetTurnRequest, _runtime_pb2.Turn]  # type: ignore[assignment]
 
 class RuntimeServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -60,6 +70,20 @@ class RuntimeServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_runtime_pb2.ListAgentsResponse, _abc.Awaitable[_runtime_pb2.ListAgentsResponse]]: ...
 
     @_abc_1.abstractmethod
+    def UpsertAgent(
+        self,
+        request: _runtime_pb2.UpsertAgentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_pb2.Agent, _abc.Awaitable[_runtime_pb2.Agent]]: ...
+
+    @_abc_1.abstractmethod
+    def SetAgentEnabled(
+        self,
+        request: _runtime_pb2.SetAgentEnabledRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_pb2.Agent, _abc.Awaitable[_runtime_pb2.Agent]]: ...
+
+    @_abc_1.abstractmethod
     def ListRooms(
         self,
         request: _runtime_pb2.ListRoomsRequest,
@@ -72,5 +96,26 @@ class RuntimeServicer(metaclass=_abc_1.ABCMeta):
         request: _runtime_pb2.ListMemoriesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_pb2.ListMemoriesResponse, _abc.Awaitable[_runtime_pb2.ListMemoriesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SearchMemories(
+        self,
+        request: _runtime_pb2.SearchMemoriesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_pb2.SearchMemoriesResponse, _abc.Awaitable[_runtime_pb2.SearchMemoriesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListTurns(
+        self,
+        request: _runtime_pb2.ListTurnsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_pb2.ListTurnsResponse, _abc.Awaitable[_runtime_pb2.ListTurnsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetTurn(
+        self,
+        request: _runtime_pb2.GetTurnRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_pb2.Turn, _abc.Awaitable[_runtime_pb2.Turn]]: ...
 
 def add_RuntimeServicer_to_server(servicer: RuntimeServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

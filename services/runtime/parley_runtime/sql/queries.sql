@@ -62,16 +62,18 @@ WITH prev AS (
             %(external_id)s)
     ON CONFLICT DO NOTHING
 ), t AS (
-    INSERT INTO runtime.turn (agent_id, id, room_id, stream_seq, state, lease_token)
+    INSERT INTO runtime.turn (agent_id, id, room_id, stream_seq, state, lease_token, started_at)
     SELECT %(agent_id)s, %(memory_id)s, %(room_id)s, msg.seq,
            CASE WHEN (SELECT turn_token FROM r) IS NULL THEN 'superseded' ELSE 'running' END,
-           (SELECT turn_token FROM r)
+           (SELECT turn_token FROM r),
+           CASE WHEN (SELECT turn_token FROM r) IS NULL THEN NULL ELSE clock_timestamp() END
       FROM msg WHERE msg.open
     -- A copy that did not get the room (it raced a copy that did, or a newer message
     -- took the room) leaves the running turn to whoever holds it.
     ON CONFLICT (agent_id, id) DO UPDATE
        SET attempts = turn.attempts + 1,
-           lease_token = coalesce(excluded.lease_token, turn.lease_token)
+           lease_token = coalesce(excluded.lease_token, turn.lease_token),
+           started_at = coalesce(excluded.started_at, turn.started_at)
      WHERE turn.state IN ('received', 'running')
     RETURNING state, attempts, response_id
 )
@@ -256,7 +258,8 @@ SELECT id, room_id, entity_id, kind, content, source, in_reply_to, created_at
  LIMIT %(limit)s OFFSET %(offset)s;
 
 -- list_turns --
-SELECT id, room_id, stream_seq, state, lease_token, attempts, response_id, error, received_at, finished_at
+SELECT id, room_id, stream_seq, state, reason, lease_token, attempts, response_id, error, received_at,
+       started_at, finished_at
   FROM runtime.turn
  WHERE agent_id = %(agent_id)s AND (%(room_id)s::uuid IS NULL OR room_id = %(room_id)s)
  ORDER BY received_at DESC, id DESC
@@ -281,6 +284,6 @@ UPDATE runtime.agent SET enabled = %(enabled)s, updated_at = now() WHERE id = %(
 
 -- get_turn --
 SELECT id, room_id, stream_seq, state, reason, lease_token, attempts, response_id, error, trajectory,
-       received_at, finished_at
+       received_at, started_at, finished_at
   FROM runtime.turn
  WHERE agent_id = %(agent_id)s AND id = %(id)s;
