@@ -115,6 +115,8 @@ class ServiceProcess:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(10)
+        if self._log:
+            self._log.close()
 
     def stop(self, timeout: float = 15.0) -> int | None:
         if self.process is None:

@@ -81,6 +81,12 @@ def load_rules(path: Path) -> list[Rule]:
     return rules
 
 
+def _fill(template: str, groups: dict[str, str | None]) -> str:
+    """Put the rule's named groups into ``{name}`` places; every other brace stays as written (JSON answers)."""
+    return re.sub(r"\{(\w+)\}", lambda m: groups.get(m.group(1)) or "" if m.group(1) in groups else m.group(0),
+                  template)
+
+
 class _Missing(dict[str, Any]):
     def __missing__(self, key: str) -> str:
         return ""
@@ -107,9 +113,9 @@ class ScriptedProvider:
             if latency > 0:
                 await asyncio.sleep(latency / 1000)
             if rule.raw is not None:
-                text = rule.raw.format_map(_Missing(found.groupdict()))
+                text = _fill(rule.raw, found.groupdict())
             else:
-                reply = rule.text.format_map(_Missing(found.groupdict()))
+                reply = _fill(rule.text, found.groupdict())
                 text = (
                     f"<response><thought>{escape(rule.thought)}</thought>"
                     f"<actions>{escape(','.join(rule.actions))}</actions>"

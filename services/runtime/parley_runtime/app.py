@@ -97,6 +97,7 @@ class RuntimeApp:
                 history=s.recent_messages,
                 provider_timeout=s.provider_timeout_seconds,
                 trajectory_logging=trajectory_logging,
+                embed_messages=s.embed_messages,
             ),
         )
         subjects = self.bus.subjects

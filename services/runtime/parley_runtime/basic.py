@@ -146,7 +146,9 @@ async def _reflect(ctx: TurnContext) -> ActionResult:
     lines = [f"{line.name}: {line.text}" for line in ctx.history[-8:]]
     lines.append(f"{ctx.message.sender_name}: {ctx.message.text}")
     answer = await ctx.services.generate(
-        REFLECTION_PROMPT.format(name=ctx.character.name, conversation="\n".join(lines)), small=True
+        REFLECTION_PROMPT.format(name=ctx.character.name, conversation="\n".join(lines)),
+        small=True,
+        structured=True,
     )
     found = _json_object(answer) or {}
     facts = [f.strip() for f in found.get("facts", []) if isinstance(f, str) and f.strip()][:10]

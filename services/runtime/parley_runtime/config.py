@@ -18,6 +18,8 @@ class RuntimeSettings(Settings):
     model_timeout_seconds: float = Field(default=30.0, gt=0)
     recent_messages: int = Field(default=10, ge=0, le=100)
     provider_timeout_seconds: float = Field(default=5.0, gt=0)
+    # Store an embedding of every message (after the reply, through the model gateway).
+    embed_messages: bool = True
     # Truthy enables, a non-empty falsy value disables, blank counts as unset; unset means on in
     # development and off under test and production.
     trajectory_logging: str | None = None

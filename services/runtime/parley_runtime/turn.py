@@ -48,6 +48,12 @@ log = get_logger(__name__)
 SOURCE_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 ROOM_TYPES = {value: name.removeprefix("ROOM_TYPE_") for name, value in runtime_pb2.RoomType.items()}
 ROOM_TYPES[runtime_pb2.ROOM_TYPE_UNSPECIFIED] = "GROUP"
+MODEL_TYPES = {
+    (False, False): model_pb2.MODEL_TYPE_TEXT_LARGE,
+    (False, True): model_pb2.MODEL_TYPE_TEXT_SMALL,
+    (True, False): model_pb2.MODEL_TYPE_OBJECT_LARGE,
+    (True, True): model_pb2.MODEL_TYPE_OBJECT_SMALL,
+}
 ALWAYS_RESPOND_ROOMS = frozenset({"DM", "VOICE_DM", "SELF", "API"})
 ROLES = frozenset({"OWNER", "ADMIN", "MEMBER", "GUEST", "NONE"})
 
@@ -104,6 +110,7 @@ class TurnSettings:
     history: int
     provider_timeout: float
     trajectory_logging: bool
+    embed_messages: bool = True
 
 
 def decode_inbound(
@@ -220,8 +227,10 @@ class TurnServices:
         )
         return memory_id
 
-    async def generate(self, prompt: str, *, small: bool = False) -> str:
-        return await self.p.generate(self.agent, [Segment(prompt, stable=False)], small=small)
+    async def generate(self, prompt: str, *, small: bool = False, structured: bool = False) -> str:
+        return await self.p.generate(
+            self.agent, [Segment(prompt, stable=False)], small=small, structured=structured
+        )
 
     def get_setting(self, key: str) -> object | None:
         return self.agent.setting(key)
@@ -251,10 +260,12 @@ class TurnProcessor:
 
     # -- model gateway -------------------------------------------------------------------------
 
-    async def generate(self, agent: AgentInfo, segments: Sequence[Segment], *, small: bool = False) -> str:
+    async def generate(
+        self, agent: AgentInfo, segments: Sequence[Segment], *, small: bool = False, structured: bool = False
+    ) -> str:
         request = model_pb2.GenerateRequest(
             agent_id=str(agent.id),
-            model_type=model_pb2.MODEL_TYPE_TEXT_SMALL if small else model_pb2.MODEL_TYPE_TEXT_LARGE,
+            model_type=MODEL_TYPES[(structured, small)],
             prompt=join_segments(segments),
             segments=[model_pb2.PromptSegment(content=s.content, stable=s.stable) for s in segments],
         )
@@ -483,8 +494,8 @@ class TurnProcessor:
         t0 = time.perf_counter()
         outcome = await self._deliver(turn)
         self.metrics.stage.labels("deliver").observe(time.perf_counter() - t0)
-        if outcome in ("replied", "ignored") and agent.catalog.evaluators:
-            self._spawn(self._evaluate(turn))
+        if outcome in ("replied", "ignored"):
+            self._spawn(self._after_reply(turn))
         return outcome
 
     # -- gates and should-respond -------------------------------------------------------------
@@ -632,7 +643,9 @@ class TurnProcessor:
         resolution = await resolve_action_args(
             action,
             planner,
-            extract=lambda prompt: self.generate(agent, [Segment(prompt, False)], small=True),
+            extract=lambda prompt: self.generate(
+                agent, [Segment(prompt, False)], small=True, structured=True
+            ),
             intent=ctx.message.text,
             recent=[f"{h.name}: {h.text}" for h in ctx.history],
         )
@@ -795,8 +808,33 @@ class TurnProcessor:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def _after_reply(self, turn: Turn) -> None:
+        """Embeddings and evaluators run after the reply was delivered; they never block or fail a turn."""
+        if self.settings.embed_messages:
+            await self._embed_messages(turn)
+        if turn.agent.catalog.evaluators:
+            await self._evaluate(turn)
+
+    async def _embed_messages(self, turn: Turn) -> None:
+        memories = [(turn.turn_id, turn.inbound.text)] + [
+            (ids.response_id(turn.turn_id, i), r.text) for i, r in enumerate(turn.replies)
+        ]
+        memories = [(memory_id, text) for memory_id, text in memories if text.strip()]
+        if not memories:
+            return
+        try:
+            vectors = await self.embed([text for _, text in memories], turn.agent.id)
+            for (memory_id, _), vector in zip(memories, vectors, strict=True):
+                await self.store.set_embedding(turn.agent.id, memory_id, vector)
+        except ParleyError as exc:
+            log.warning(
+                "message embeddings failed",
+                agent_id=str(turn.agent.id),
+                turn_id=str(turn.turn_id),
+                error=str(exc),
+            )
+
     async def _evaluate(self, turn: Turn) -> None:
-        """Evaluators run after the reply was delivered; they never block or fail a turn."""
         results = {}
         for evaluator in turn.agent.catalog.evaluators:
             try:

@@ -1,0 +1,1 @@
+"""Test plugins, loaded by runtimes started with PYTHONPATH=<repo>/tests."""

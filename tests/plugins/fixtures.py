@@ -1,0 +1,93 @@
+"""Actions and a provider for the runtime's turn-loop tests. Each handler appends a line to the
+file named by the runtime process's FIXTURE_LOG variable, so a test can count how often it ran."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+from parley_runtime.context import TurnContext
+from parley_runtime.plugin import (
+    Action,
+    ActionResult,
+    Callback,
+    Content,
+    Parameter,
+    Plugin,
+    Provider,
+    ProviderResult,
+)
+
+
+def _log(line: str) -> None:
+    path = os.environ.get("FIXTURE_LOG")
+    if path:
+        with Path(path).open("a") as handle:
+            handle.write(line + "\n")
+
+
+async def _private(ctx: TurnContext, params: dict[str, Any], callback: Callback) -> ActionResult:
+    _log(f"PRIVATE_OP {ctx.message.id}")
+    return ActionResult(True)
+
+
+async def _admin(ctx: TurnContext, params: dict[str, Any], callback: Callback) -> ActionResult:
+    _log(f"ADMIN_OP {ctx.message.id} {ctx.role}")
+    return ActionResult(True, text="admin op ran")
+
+
+async def _flaky(ctx: TurnContext, params: dict[str, Any], callback: Callback) -> ActionResult:
+    _log(f"FLAKY_OP {ctx.message.id}")
+    raise RuntimeError("the flaky op failed")
+
+
+async def _slow_effect(ctx: TurnContext, params: dict[str, Any], callback: Callback) -> ActionResult:
+    _log(f"SLOW_EFFECT start {ctx.message.id}")
+    await asyncio.sleep(float(os.environ.get("FIXTURE_EFFECT_SECONDS", "0")))
+    _log(f"SLOW_EFFECT end {ctx.message.id}")
+    return ActionResult(True, text="effect applied")
+
+
+async def _forecast(ctx: TurnContext, params: dict[str, Any], callback: Callback) -> ActionResult:
+    _log(f"FORECAST {params['city']}")
+    await callback(Content(text=f"Sunny in {params['city']}.", actions=("FORECAST",)))
+    return ActionResult(True, values={"city": params["city"]})
+
+
+async def _secret_word(ctx: TurnContext) -> ProviderResult:
+    return ProviderResult("# Secret\nthe secret word is kiwi")
+
+
+fixtures_plugin = Plugin(
+    name="fixtures",
+    actions=(
+        Action(
+            "PRIVATE_OP",
+            "only for autonomous turns",
+            _private,
+            private=True,
+            tags=frozenset({"effect:idempotent"}),
+        ),
+        Action(
+            "ADMIN_OP",
+            "only for admins",
+            _admin,
+            roles=frozenset({"OWNER", "ADMIN"}),
+            tags=frozenset({"effect:idempotent"}),
+        ),
+        Action("FLAKY_OP", "always raises", _flaky, tags=frozenset({"effect:idempotent"})),
+        Action("SLOW_EFFECT", "a non-idempotent effect that takes a while", _slow_effect),
+        Action(
+            "FORECAST",
+            "the weather forecast for a city",
+            _forecast,
+            tags=frozenset({"effect:idempotent"}),
+            parameters=(
+                Parameter("city", "the city", required=True, schema={"type": "string", "minLength": 2}),
+            ),
+        ),
+    ),
+    providers=(Provider("SECRET_WORD", _secret_word, "a secret word", dynamic=True),),
+)
