@@ -579,6 +579,7 @@ class TurnProcessor:
         state = State()
         if not providers:
             return state
+        redactor = self.directory.agents[str(ctx.agent_id)].redactor
         tasks = {p.name: asyncio.ensure_future(p.get(ctx)) for p in providers}
         _, pending = await asyncio.wait(tasks.values(), timeout=self.settings.provider_timeout)
         for task in pending:
@@ -589,7 +590,10 @@ class TurnProcessor:
                 self.metrics.providers_failed.labels(provider.name).inc()
                 error = "timed out" if task in pending else repr(task.exception())
                 log.warning(
-                    "provider failed", provider=provider.name, agent_id=str(ctx.agent_id), error=error
+                    "provider failed",
+                    provider=provider.name,
+                    agent_id=str(ctx.agent_id),
+                    error=redactor.redact(error),
                 )
                 continue
             result = task.result()
@@ -695,8 +699,14 @@ class TurnProcessor:
             result = await action.handler(ctx, dict(resolution.params), callback) or ActionResult(True)
             outcome = "success" if result.success else "failed"
         except Exception as exc:  # a handler's failure is a failed result, not a failed turn
-            log.exception("action handler raised", action=action.name, agent_id=str(agent.id))
-            result = ActionResult(False, error=f"{type(exc).__name__}: {exc}")
+            # No traceback: a handler's locals and messages may hold the agent's secrets.
+            log.error(
+                "action handler raised",
+                action=action.name,
+                agent_id=str(agent.id),
+                error=agent.redactor.redact(f"{type(exc).__name__}: {exc}"),
+            )
+            result = ActionResult(False, error=agent.redactor.redact(f"{type(exc).__name__}: {exc}"))
             outcome = "error"
         if not action.idempotent:
             await self.store.complete_effect(
@@ -847,7 +857,7 @@ class TurnProcessor:
                     "evaluator failed",
                     evaluator=evaluator.name,
                     agent_id=str(turn.agent.id),
-                    error=f"{type(exc).__name__}: {exc}",
+                    error=turn.agent.redactor.redact(f"{type(exc).__name__}: {exc}"),
                 )
                 results[evaluator.name] = {"success": False, "error": f"{type(exc).__name__}"}
         if self.settings.trajectory_logging and results:
