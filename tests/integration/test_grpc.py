@@ -7,7 +7,7 @@ import asyncio
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +84,16 @@ class Gateway:
             provider="test",
             usage=model_pb2.Usage(input_tokens=len(request.prompt)),
         )
+
+    def __getattr__(self, rpc: str) -> Callable[[Any], Awaitable[Any]]:
+        """Every other RPC of the (growing) contract: served, but not what these tests exercise."""
+        if not rpc[:1].isupper():
+            raise AttributeError(rpc)
+
+        async def unused(request: Any) -> Any:
+            raise FailedPrecondition(f"{rpc} is not part of this test", code="NOT_IN_TEST")
+
+        return unused
 
 
 @dataclass
