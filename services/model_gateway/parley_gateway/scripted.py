@@ -82,9 +82,13 @@ def load_rules(path: Path) -> list[Rule]:
 
 
 def _fill(template: str, groups: dict[str, str | None]) -> str:
-    """Put the rule's named groups into ``{name}`` places; every other brace stays as written (JSON answers)."""
-    return re.sub(r"\{(\w+)\}", lambda m: groups.get(m.group(1)) or "" if m.group(1) in groups else m.group(0),
-                  template)
+    """Put the rule's named groups in ``{name}`` places; other braces stay as written (JSON answers)."""
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        return (groups.get(name) or "") if name in groups else match.group(0)
+
+    return re.sub(r"\{(\w+)\}", value, template)
 
 
 class _Missing(dict[str, Any]):
