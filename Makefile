@@ -12,6 +12,11 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Parley needs Python 3.11, found {sys.version.split()[0]} (set PYTHON=...)"'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@# llama-cpp-python has no wheel here: built once from source (about 4 minutes on 2 cores) without
+	@# native CPU detection, which crashes on CPUs reporting AMX (ENV.md), and never from a cached wheel.
+	$(BIN)/python -c 'import llama_cpp, sys; sys.exit(llama_cpp.__version__ != "0.3.36")' 2>/dev/null || \
+	  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
+	  $(BIN)/pip install --quiet --disable-pip-version-check --no-cache-dir llama-cpp-python==0.3.36
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
 	rm -f $(VENV)/.installed-* && touch $@
 
@@ -35,6 +40,7 @@ e2e: install
 	$(BIN)/pytest tests/e2e
 
 bench: install  ## benchmarks (not timed tests); each prints a JSON line last
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[bench]'
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 gen: install  ## regenerate the protobuf code under libs/proto

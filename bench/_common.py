@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from parley_platform import infra
-from parley_platform.testing import create_database, drop_database
+from parley_platform.infra import free_port
+from parley_platform.testing import ServiceProcess, create_database, drop_database
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -99,3 +100,34 @@ def report(title: str, rows: list[Series], summary: dict[str, object]) -> None:
             print(f"{key}: {value}")
     sys.stdout.flush()
     print(json.dumps(summary, sort_keys=True))
+
+
+def suite_env(env: BenchEnv) -> dict[str, str]:
+    """Settings every service process of a benchmark shares: its NATS, database and namespace,
+    the default character, the scripted model at zero latency, quiet logs."""
+    return {
+        "PARLEY_NATS_URL": env.nats_url,
+        "PARLEY_DATABASE_URL": env.database_url,
+        "PARLEY_NAMESPACE": env.namespace,
+        "PARLEY_OPERATOR_TOKEN": secrets.token_hex(16),
+        "PARLEY_CHARACTERS_DIR": str(ROOT / "characters"),
+        "PARLEY_LOG_LEVEL": "WARNING",
+        "PARLEY_ENVIRONMENT": "test",
+        "PARLEY_MODEL_PROVIDER": "scripted",
+    }
+
+
+def service_process(module: str, env: BenchEnv, settings: dict[str, str], name: str) -> ServiceProcess:
+    """A service (``parley_runtime`` or ``parley_gateway``) on free ports, its log under ``env.logs``."""
+    prefix = {"parley_runtime": "RUNTIME", "parley_gateway": "GATEWAY"}[module]
+    port = free_port()
+    return ServiceProcess(
+        module,
+        {
+            **settings,
+            f"PARLEY_{prefix}_GRPC_PORT": str(port),
+            f"PARLEY_{prefix}_METRICS_PORT": str(free_port()),
+        },
+        env.logs / f"{name}.log",
+        port,
+    )

@@ -154,6 +154,7 @@ async def main(args: argparse.Namespace) -> None:
             "PARLEY_CHARACTERS_DIR": str(ROOT / "characters"),
             "PARLEY_LOG_LEVEL": "WARNING",
             "PARLEY_ENVIRONMENT": "test",
+            "PARLEY_MODEL_PROVIDER": "scripted",
         }
         gw_port, rt_port = free_port(), free_port()
         gateway = ServiceProcess(

@@ -34,6 +34,7 @@ class SessionEnv:
             "PARLEY_NAMESPACE": self.namespace,
             "PARLEY_OPERATOR_TOKEN": self.token,
             "PARLEY_ENVIRONMENT": "test",
+            "PARLEY_MODEL_PROVIDER": "scripted",
             "PARLEY_CHARACTERS_DIR": str(ROOT / "characters"),
             "PARLEY_SCRIPTED_RULES": str(ROOT / "tests" / "e2e" / "rules.yaml"),
         }
@@ -50,6 +51,7 @@ class Suite:
     namespace: str
     gateway: ServiceProcess | None = None
     runtimes: list[ServiceProcess] = field(default_factory=list)
+    others: list[ServiceProcess] = field(default_factory=list)
 
     def _env(self, **extra: str) -> dict[str, str]:
         return self.env.service_env(PARLEY_NAMESPACE=self.namespace, **extra)
@@ -60,6 +62,17 @@ class Suite:
             PARLEY_GATEWAY_GRPC_PORT=str(port), PARLEY_GATEWAY_METRICS_PORT=str(free_port()), **extra
         )
         return ServiceProcess("parley_gateway", env, self.logs / f"gateway-{port}.log", port)
+
+    async def add_service(self, module: str, key: str, **extra: str) -> ServiceProcess:
+        """Another service of the suite (``parley_pairing``, ``PAIRING``, ...), started and ready."""
+        port = free_port()
+        env = self._env(
+            **{f"PARLEY_{key}_GRPC_PORT": str(port), f"PARLEY_{key}_METRICS_PORT": str(free_port())}, **extra
+        )
+        process = ServiceProcess(module, env, self.logs / f"{module}-{port}.log", port).start()
+        self.others.append(process)
+        await process.wait_ready()
+        return process
 
     def runtime_process(self, **extra: str) -> ServiceProcess:
         port = free_port()
@@ -82,7 +95,7 @@ class Suite:
         return process
 
     def stop(self) -> None:
-        for process in self.runtimes:
+        for process in [*self.runtimes, *self.others]:
             process.stop()
         if self.gateway:
             self.gateway.stop()

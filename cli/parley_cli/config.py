@@ -33,6 +33,9 @@ class Service:
 # The runtime comes last because it calls the others.
 SERVICES = [
     Service("model-gateway", "parley_gateway", "GATEWAY", 50052, 9102),
+    Service("pairing", "parley_pairing", "PAIRING", 50055, 9105),
+    Service("authz", "parley_authz", "AUTHZ", 50054, 9104),
+    Service("scheduler", "parley_scheduler", "SCHEDULER", 50053, 9103),
     Service("runtime", "parley_runtime", "RUNTIME", 50051, 9101),
 ]
 SERVICE_BY_NAME = {service.name: service for service in SERVICES}

@@ -16,7 +16,15 @@ from parley.v1 import common_pb2, runtime_pb2
 from parley_platform import infra
 from parley_platform.errors import ParleyError
 
-from . import client, config, supervisor
+from . import (
+    authz_commands,
+    client,
+    config,
+    models_commands,
+    pairing_commands,
+    scheduler_commands,
+    supervisor,
+)
 
 
 def _fail(exc: ParleyError) -> int:
@@ -204,7 +212,12 @@ async def cmd_memories(args: argparse.Namespace) -> int:
 
 # Each service's operator commands live in a module of their own with a
 # `register(subparsers)` function; add the module here.
-COMMAND_MODULES: list[ModuleType] = []
+COMMAND_MODULES: list[ModuleType] = [
+    pairing_commands,
+    authz_commands,
+    scheduler_commands,
+    models_commands,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

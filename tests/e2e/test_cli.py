@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from parley_cli import config
 from parley_platform import infra
 from parley_platform.infra import free_port
 from support import ROOT, Suite
@@ -81,16 +82,19 @@ def test_parley_run_brings_everything_up_and_ctrl_c_stops_it() -> None:
     a reply to `parley send`, and Ctrl-C stopping all of it, infrastructure included."""
     state = Path(tempfile.mkdtemp(prefix="parley-run-"))
     state.chmod(0o755)  # the embedded Postgres runs as the postgres user when we are root
+    # Every service of the suite on free ports, so the test never collides with a running suite.
     ports = {
-        name: str(free_port())
-        for name in ("RUNTIME_GRPC", "RUNTIME_METRICS", "GATEWAY_GRPC", "GATEWAY_METRICS")
+        env: str(free_port())
+        for service in config.SERVICES
+        for env in (service.grpc_env, service.metrics_env)
     }
     env = {k: v for k, v in os.environ.items() if not k.startswith("PARLEY_")}
-    env.update({f"PARLEY_{name}_PORT": port for name, port in ports.items()})
+    env.update(ports)
     env.update(
         PARLEY_STATE_DIR=str(state),
-        PARLEY_RUNTIME_ADDR=f"127.0.0.1:{ports['RUNTIME_GRPC']}",
+        PARLEY_RUNTIME_ADDR=f"127.0.0.1:{ports['PARLEY_RUNTIME_GRPC_PORT']}",
         PARLEY_CHARACTERS_DIR=str(ROOT / "characters"),
+        PARLEY_MODEL_PROVIDER="scripted",
     )
     supervisor = subprocess.Popen(
         [PARLEY, "run"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

@@ -17,11 +17,15 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from parley_authz import store as authz_store
+from parley_gateway import store as gateway_store
+from parley_pairing import store as pairing_store
 from parley_platform.errors import Conflict, FailedPrecondition, Internal, InvalidArgument, Unavailable
 from parley_platform.infra import free_port
 from parley_platform.postgres import Database, describe_schema, load_queries, migrate
 from parley_platform.testing import create_database, drop_database
 from parley_runtime import store as runtime_store
+from parley_scheduler import store as scheduler_store
 from support import ROOT, SessionEnv
 
 # (schema, migrations directory, declared schema.sql): add each service here.
@@ -31,6 +35,30 @@ SERVICES = [
         runtime_store.MIGRATIONS_DIR,
         ROOT / "services/runtime/parley_runtime/sql/schema.sql",
         id="runtime",
+    ),
+    pytest.param(
+        scheduler_store.SCHEMA,
+        scheduler_store.MIGRATIONS_DIR,
+        ROOT / "services/scheduler/parley_scheduler/sql/schema.sql",
+        id="scheduler",
+    ),
+    pytest.param(
+        pairing_store.SCHEMA,
+        pairing_store.MIGRATIONS_DIR,
+        ROOT / "services/pairing/parley_pairing/sql/schema.sql",
+        id="pairing",
+    ),
+    pytest.param(
+        authz_store.SCHEMA,
+        authz_store.MIGRATIONS_DIR,
+        ROOT / "services/authz/parley_authz/sql/schema.sql",
+        id="authz",
+    ),
+    pytest.param(
+        gateway_store.SCHEMA,
+        gateway_store.MIGRATIONS_DIR,
+        ROOT / "services/model_gateway/parley_gateway/sql/schema.sql",
+        id="model",
     ),
 ]
 

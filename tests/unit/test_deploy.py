@@ -291,9 +291,10 @@ def test_services_share_one_environment_that_needs_a_token(compose: dict[str, An
     assert isinstance(compose.get("x-parley-env"), dict), "the shared environment anchor is missing"
     for name, service in python_services(compose).items():
         env = environment(service)
-        assert re.fullmatch(r"\$\{PARLEY_OPERATOR_TOKEN:\?[^}]*\}", env.get("PARLEY_OPERATOR_TOKEN", "")), (
-            f"{name}: PARLEY_OPERATOR_TOKEN must be required, never defaulted"
-        )
+        for required in ("PARLEY_OPERATOR_TOKEN", "PARLEY_SECRET_SALT"):
+            assert re.fullmatch(rf"\$\{{{required}:\?[^}}]*\}}", env.get(required, "")), (
+                f"{name}: {required} must be required, never defaulted"
+            )
         assert env.get("PARLEY_NATS_URL", "").startswith("nats://nats:"), name
         assert re.match(r"postgres(?:ql)?://[^@]+@postgres:", env.get("PARLEY_DATABASE_URL", "")), name
         assert env.get("PARLEY_GRPC_HOST") == "0.0.0.0", name
@@ -321,7 +322,11 @@ def test_compose_file_passes_the_installed_validators(compose: dict[str, Any]) -
         validators.append([legacy])
     if (docker := shutil.which("docker")) and _runs([docker, "compose", "version"]):
         validators.append([docker, "compose"])
-    env = {**os.environ, "PARLEY_OPERATOR_TOKEN": TEST_TOKEN}
+    env = {
+        **os.environ,
+        "PARLEY_OPERATOR_TOKEN": TEST_TOKEN,
+        "PARLEY_SECRET_SALT": "test-salt-for-validation",
+    }
     for validator in validators:
         result = subprocess.run(
             [*validator, "-f", str(COMPOSE), "config", "-q"],

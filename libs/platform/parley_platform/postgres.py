@@ -41,7 +41,9 @@ def translate(exc: BaseException, what: str = "database") -> ParleyError:
         | psycopg.errors.NotNullViolation
         | psycopg.errors.ForeignKeyViolation
         | psycopg.errors.InvalidTextRepresentation
-        | psycopg.errors.DataException,
+        # Every SQLSTATE class 22 error (bad characters, out of range, ...): the data is wrong, not the
+        # database, so retrying cannot help.
+        | psycopg.DataError,
     ):
         diag = getattr(exc, "diag", None)
         constraint = getattr(diag, "constraint_name", None) or ""
@@ -49,6 +51,8 @@ def translate(exc: BaseException, what: str = "database") -> ParleyError:
             f"{what}: rejected by the database ({constraint or type(exc).__name__})",
             code="CONSTRAINT_VIOLATION",
         )
+    if isinstance(exc, psycopg.errors.ProgramLimitExceeded):
+        return InvalidArgument(f"{what}: a value is too large for the database", code="VALUE_TOO_LARGE")
     if isinstance(exc, PoolTimeout):
         return Unavailable(f"{what}: no database connection available in time", code="DB_POOL_EXHAUSTED")
     if isinstance(exc, psycopg.OperationalError):

@@ -1,9 +1,24 @@
-"""What every model provider implements; the gateway adds the protection around it."""
+"""What every model provider implements; the gateway adds the protection around it.
+
+A provider turns a ``ProviderRequest`` into a ``Completion`` (or a stream of
+text chunks ending in one), and an embedder turns texts into vectors. Failures
+are raised as the errors below, each with its own stable code, so the
+protection layer can tell what is worth a retry and what trips the breaker.
+"""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from parley_platform.errors import DeadlineExceeded, Internal, ResourceExhausted, Unavailable
+
+
+@dataclass(frozen=True)
+class Segment:
+    content: str
+    stable: bool
 
 
 @dataclass(frozen=True)
@@ -11,11 +26,26 @@ class ProviderRequest:
     model_type: str
     prompt: str
     system: str = ""
-    segments: list[tuple[str, bool]] = field(default_factory=list)
+    segments: tuple[Segment, ...] = ()
     temperature: float | None = None
     max_tokens: int = 0
-    stop: list[str] = field(default_factory=list)
+    stop: tuple[str, ...] = ()
     grammar: str = ""
+    # Seconds the provider may spend on this call (the caller's remaining deadline).
+    timeout: float = 60.0
+
+    def ordered_segments(self) -> list[Segment]:
+        """Stable segments first, then the rest, each group in its own order.
+
+        Prefix caches (OpenAI, llama.cpp's KV cache) only reuse a shared prefix, so the
+        parts that repeat across calls go first. A new list: the request is never mutated.
+        """
+        if not self.segments:
+            return [Segment(self.prompt, stable=False)]
+        return [s for s in self.segments if s.stable] + [s for s in self.segments if not s.stable]
+
+    def ordered_prompt(self) -> str:
+        return "".join(s.content for s in self.ordered_segments())
 
 
 @dataclass(frozen=True)
@@ -28,25 +58,80 @@ class Completion:
 
 
 @dataclass(frozen=True)
+class Chunk:
+    """A piece of streamed text; the stream's last item is the whole ``Completion``."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class Embeddings:
     vectors: list[list[float]]
-    model: str
     input_tokens: int = 0
-
-    @property
-    def dimension(self) -> int:
-        return len(self.vectors[0]) if self.vectors else 0
+    model: str = ""
+    dimension: int = 0
+    extra: dict[str, str] = field(default_factory=dict)
 
 
 class Provider(Protocol):
     name: str
-    model: str
+
+    def model_for(self, model_type: str) -> str: ...
 
     async def generate(self, request: ProviderRequest) -> Completion: ...
+
+    def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk | Completion]: ...
+
+    async def close(self) -> None: ...
 
 
 class Embedder(Protocol):
     name: str
+    model: str
     dimension: int
 
-    async def embed(self, texts: list[str]) -> Embeddings: ...
+    async def embed(self, texts: Sequence[str], *, timeout: float) -> Embeddings: ...
+
+    async def close(self) -> None: ...
+
+
+# --- provider failures ------------------------------------------------------------------------------
+# Each is retryable or not on the type; the breaker counts only the provider's own failures.
+
+
+class ProviderRateLimited(ResourceExhausted):
+    default_code = "PROVIDER_RATE_LIMITED"
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after: float | None = None, hint: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.retry_after = retry_after
+
+
+class ProviderUnavailable(Unavailable):
+    default_code = "PROVIDER_UNAVAILABLE"
+    retryable = True
+
+
+class ProviderTimeout(DeadlineExceeded):
+    default_code = "PROVIDER_TIMEOUT"
+    retryable = True
+
+
+class ProviderBadResponse(Internal):
+    """The provider answered, but not in its own protocol (malformed body, missing fields)."""
+
+    default_code = "PROVIDER_BAD_RESPONSE"
+    retryable = False
+
+
+class ProviderRejected(Internal):
+    """The provider refused the request itself (4xx other than 429): retrying cannot help."""
+
+    default_code = "PROVIDER_REJECTED"
+    retryable = False
+
+
+def estimate_tokens(text: str) -> int:
+    """About four characters per token: for budgets and usage where the provider reports none."""
+    return max(1, (len(text) + 3) // 4)

@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from parley_platform.errors import InvalidArgument
 
-from .provider import Completion, Embeddings, ProviderRequest
+from .batching import scripted_batch_answer
+from .provider import Chunk, Completion, Embeddings, ProviderRequest, estimate_tokens
 
 
 class Rule(BaseModel):
@@ -105,53 +107,95 @@ class ScriptedProvider:
     _compiled: list[tuple[re.Pattern[str], Rule]] = field(init=False)
 
     def __post_init__(self) -> None:
-        self._compiled = [(re.compile(r.match), r) for r in [*self.rules, ECHO_RULE, FALLBACK_RULE]]
+        self._compiled = [(re.compile(r.match), r) for r in self.rules]
+        self._builtin = [(re.compile(r.match), r) for r in (ECHO_RULE, FALLBACK_RULE)]
 
-    async def generate(self, request: ProviderRequest) -> Completion:
-        prompt = request.prompt
+    def model_for(self, model_type: str) -> str:
+        return self.model
+
+    def _answer(self, prompt: str) -> tuple[str, float]:
         for pattern, rule in self._compiled:
             found = pattern.search(prompt)
-            if found is None:
-                continue
-            latency = self.latency_ms if rule.latency_ms is None else rule.latency_ms
-            if latency > 0:
-                await asyncio.sleep(latency / 1000)
-            if rule.raw is not None:
-                text = _fill(rule.raw, found.groupdict())
-            else:
-                reply = _fill(rule.text, found.groupdict())
-                text = (
-                    f"<response><thought>{escape(rule.thought)}</thought>"
-                    f"<actions>{escape(','.join(rule.actions))}</actions>"
-                    f"<text>{escape(reply)}</text></response>"
-                )
-            return Completion(
-                text=text, input_tokens=_tokens(prompt), output_tokens=_tokens(text), finish_reason="stop"
-            )
+            if found is not None:
+                return self._render(rule, found), self._latency(rule)
+        batch = scripted_batch_answer(prompt)
+        if batch is not None:
+            return batch, self.latency_ms
+        for pattern, rule in self._builtin:
+            found = pattern.search(prompt)
+            if found is not None:
+                return self._render(rule, found), self._latency(rule)
         raise AssertionError("the fallback rule matches every prompt")
 
+    def _latency(self, rule: Rule) -> float:
+        return self.latency_ms if rule.latency_ms is None else rule.latency_ms
 
-class HashingEmbedder:
-    """Deterministic embeddings without a model: words hashed into a fixed number of buckets,
-    L2-normalised. Texts sharing words are close, so search behaves sensibly in tests and benchmarks."""
+    @staticmethod
+    def _render(rule: Rule, found: re.Match[str]) -> str:
+        if rule.raw is not None:
+            return _fill(rule.raw, found.groupdict())
+        reply = _fill(rule.text, found.groupdict())
+        return (
+            f"<response><thought>{escape(rule.thought)}</thought>"
+            f"<actions>{escape(','.join(rule.actions))}</actions>"
+            f"<text>{escape(reply)}</text></response>"
+        )
 
-    name = "scripted"
-    model = "hashing-384"
-    dimension = 384
+    async def generate(self, request: ProviderRequest) -> Completion:
+        # The rules see the prompt as the caller wrote it; ordering for caches is a provider concern.
+        text, latency = self._answer(request.prompt)
+        if latency > 0:
+            await asyncio.sleep(latency / 1000)
+        return Completion(
+            text=text,
+            input_tokens=estimate_tokens(request.system + request.prompt),
+            output_tokens=estimate_tokens(text),
+            finish_reason="stop",
+        )
 
-    async def embed(self, texts: list[str]) -> Embeddings:
-        return Embeddings([self._vector(t) for t in texts], self.model, sum(_tokens(t) for t in texts))
+    async def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk | Completion]:
+        completion = await self.generate(request)
+        # Word-sized pieces, so streaming clients see more than one chunk.
+        for piece in re.findall(r"\S+\s*|\s+", completion.text):
+            yield Chunk(piece)
+        yield completion
 
-    def _vector(self, text: str) -> list[float]:
-        vector = [0.0] * self.dimension
-        for word in re.findall(r"\w+", text.lower()):
-            digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
-            bucket = int.from_bytes(digest[:4], "big") % self.dimension
-            vector[bucket] += 1.0 if digest[4] & 1 else -1.0
-        norm = math.sqrt(sum(v * v for v in vector))
-        return [v / norm for v in vector] if norm else vector
+    async def close(self) -> None:
+        return None
 
 
-def _tokens(text: str) -> int:
-    """A rough token count (about four characters per token), for usage accounting."""
-    return max(1, len(text) // 4)
+HASH_DIMENSION = 384
+
+
+@dataclass
+class ScriptedEmbedder:
+    """Deterministic vectors from a hash of each word: no semantics, same dimension as the local model.
+
+    Texts sharing words get similar vectors, which is enough for tests of storage and ranking plumbing.
+    """
+
+    name: str = "scripted"
+    model: str = "scripted-hash-384"
+    dimension: int = HASH_DIMENSION
+
+    async def embed(self, texts: Sequence[str], *, timeout: float) -> Embeddings:
+        return Embeddings(
+            vectors=[hash_vector(t, self.dimension) for t in texts],
+            input_tokens=sum(estimate_tokens(t) for t in texts),
+            model=self.model,
+            dimension=self.dimension,
+        )
+
+    async def close(self) -> None:
+        return None
+
+
+def hash_vector(text: str, dimension: int) -> list[float]:
+    vector = [0.0] * dimension
+    words = re.findall(r"\w+", text.lower()) or [text]
+    for word in words:
+        digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
+        index = int.from_bytes(digest[:4], "little") % dimension
+        vector[index] += 1.0 if digest[4] & 1 else -1.0
+    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+    return [v / norm for v in vector]

@@ -7,6 +7,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from parley_platform.pairing import dm_policy
+
 from .actions import Catalog
 from .agent_settings import get_setting, setting_bool
 from .basic import basic_capabilities
@@ -28,6 +30,9 @@ class AgentInfo:
     redactor: Redactor = field(init=False)
 
     def __post_init__(self) -> None:
+        for key, value in self.character.settings.items():
+            if key == "DM_POLICY" or key.startswith("DM_POLICY_"):
+                dm_policy(value, f"settings.{key}")
         self.catalog = Catalog(plugins_for(self.character))
         self.redactor = Redactor(v for v in self.character.secrets.values() if isinstance(v, str))
 

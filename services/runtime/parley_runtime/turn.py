@@ -31,6 +31,7 @@ from parley_platform.consumer import Delivery, Poison, is_permanent
 from parley_platform.errors import ParleyError
 from parley_platform.logging import get_logger
 from parley_platform.metrics import LATENCY_BUCKETS
+from parley_platform.pairing import PairingGate, dm_policy
 from parley_platform.rpc import RpcClient
 
 from . import ids
@@ -45,6 +46,10 @@ from .store import Ingested, RuntimeStore
 
 log = get_logger(__name__)
 
+MAX_ID_CHARS = 256
+MAX_METADATA_ENTRIES = 64
+MAX_METADATA_VALUE = 4096
+MAX_ATTACHMENTS = 32
 SOURCE_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 ROOM_TYPES = {value: name.removeprefix("ROOM_TYPE_") for name, value in runtime_pb2.RoomType.items()}
 ROOM_TYPES[runtime_pb2.ROOM_TYPE_UNSPECIFIED] = "GROUP"
@@ -54,6 +59,7 @@ MODEL_TYPES = {
     (True, False): model_pb2.MODEL_TYPE_OBJECT_LARGE,
     (True, True): model_pb2.MODEL_TYPE_OBJECT_SMALL,
 }
+DM_ROOMS = frozenset({"DM", "VOICE_DM"})
 ALWAYS_RESPOND_ROOMS = frozenset({"DM", "VOICE_DM", "SELF", "API"})
 ROLES = frozenset({"OWNER", "ADMIN", "MEMBER", "GUEST", "NONE"})
 
@@ -141,10 +147,44 @@ def decode_inbound(
     size = len(inbound.text.encode())
     if size > max_text_bytes:
         raise Poison(f"text is {size} bytes, over the limit of {max_text_bytes}", label="too_large")
+    for name in (
+        "message_id",
+        "channel_id",
+        "sender_id",
+        "world_id",
+        "in_reply_to",
+        "sender_name",
+        "sender_username",
+    ):
+        value = getattr(inbound, name)
+        if len(value) > MAX_ID_CHARS:
+            raise Poison(f"{name} is longer than {MAX_ID_CHARS} characters", label="too_large")
+    if len(inbound.metadata) > MAX_METADATA_ENTRIES or any(
+        len(k) > MAX_ID_CHARS or len(v) > MAX_METADATA_VALUE for k, v in inbound.metadata.items()
+    ):
+        raise Poison(
+            f"metadata is limited to {MAX_METADATA_ENTRIES} entries, keys of {MAX_ID_CHARS} and values"
+            f" of {MAX_METADATA_VALUE} characters",
+            label="too_large",
+        )
+    if len(inbound.attachments) > MAX_ATTACHMENTS:
+        raise Poison(f"at most {MAX_ATTACHMENTS} attachments", label="too_large")
+    # PostgreSQL text cannot hold NUL: such a message could never be stored.
+    for name, value in _strings(inbound):
+        if "\x00" in value:
+            raise Poison(f"{name} contains a NUL character", label="nul")
     role = inbound.metadata.get("sender_role", "")
     if role and role.upper() not in ROLES:
         raise Poison(f"metadata.sender_role must be one of {', '.join(sorted(ROLES))}", label="bad_role")
     return inbound, agent
+
+
+def _strings(inbound: runtime_pb2.InboundMessage) -> list[tuple[str, str]]:
+    found = [(f.name, getattr(inbound, f.name)) for f in inbound.DESCRIPTOR.fields if f.type == f.TYPE_STRING]
+    found += [(f"metadata.{k}", f"{k}{v}") for k, v in inbound.metadata.items()]
+    for index, a in enumerate(inbound.attachments):
+        found += [(f"attachments[{index}].{f.name}", getattr(a, f.name)) for f in a.DESCRIPTOR.fields]
+    return found
 
 
 def _uuid_or_none(value: str) -> uuid.UUID | None:
@@ -254,6 +294,7 @@ class TurnProcessor:
         self.bus = bus
         self.rpc = rpc
         self.directory = directory
+        self.pairing = PairingGate(rpc)
         self.metrics = metrics
         self.settings = settings
         self._background: set[asyncio.Task[None]] = set()
@@ -451,6 +492,8 @@ class TurnProcessor:
         agent, ctx = turn.agent, turn.ctx
         gate = await self._gate(turn, ingested)
         if gate is not None:
+            if turn.replies:  # the pairing challenge: said instead of a turn, no model call
+                return await self._deliver(turn)
             await self.store.finish_turn(
                 agent.id, turn.turn_id, "ignored", lease_token=turn.lease_token, reason=gate
             )
@@ -506,6 +549,26 @@ class TurnProcessor:
             return "disabled"
         if ctx.message.sender_id == agent.id and not ctx.is_autonomous:
             return "self"
+        if ctx.message.room_type in DM_ROOMS and not ctx.is_autonomous:
+            policy = dm_policy(
+                agent.setting(f"DM_POLICY_{ctx.message.source.upper()}")
+                or agent.setting("DM_POLICY")
+                or "open",
+                "DM_POLICY",
+            )
+            admission = await self.pairing.admit(
+                agent_id=str(agent.id),
+                channel=ctx.message.source,
+                sender_id=turn.inbound.sender_id,
+                policy=policy,
+                agent_name=agent.character.name,
+                metadata={"sender_name": ctx.message.sender_name},
+            )
+            turn.trajectory["admission"] = {"policy": policy.value, "reason": admission.reason}
+            if not admission.serve:
+                if admission.reply:
+                    turn.replies.append(Content(text=admission.reply, actions=("PAIRING",)))
+                return f"pairing:{admission.reason}"
         now = datetime.now(UTC)
         muted, expired = _mute_active(ingested.agent_room_state, now)
         if expired:

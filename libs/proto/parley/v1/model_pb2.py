@@ -22,31 +22,93 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from parley.v1 import common_pb2 as parley_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15parley/v1/model.proto\x12\tparley.v1\"0\n\rPromptSegment\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\t\x12\x0e\n\x06stable\x18\x02 \x01(\x08\"\x89\x02\n\x0fGenerateRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12(\n\nmodel_type\x18\x02 \x01(\x0e\x32\x14.parley.v1.ModelType\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12*\n\x08segments\x18\x04 \x03(\x0b\x32\x18.parley.v1.PromptSegment\x12\x0e\n\x06system\x18\x05 \x01(\t\x12\x18\n\x0btemperature\x18\x06 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x07 \x01(\x05\x12\x16\n\x0estop_sequences\x18\x08 \x03(\t\x12\x18\n\x10response_grammar\x18\t \x01(\tB\x0e\n\x0c_temperature\"Q\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x03\x12\x15\n\routput_tokens\x18\x02 \x01(\x03\x12\x1b\n\x13\x63\x61\x63hed_input_tokens\x18\x03 \x01(\x03\"\x92\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x10\n\x08provider\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.parley.v1.Usage\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x17\n\x0flatency_seconds\x18\x06 \x01(\x01\"/\n\x0c\x45mbedRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"|\n\rEmbedResponse\x12(\n\nembeddings\x18\x01 \x03(\x0b\x32\x14.parley.v1.Embedding\x12\x11\n\tdimension\x18\x02 \x01(\x05\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.parley.v1.Usage*\x97\x01\n\tModelType\x12\x1a\n\x16MODEL_TYPE_UNSPECIFIED\x10\x00\x12\x19\n\x15MODEL_TYPE_TEXT_SMALL\x10\x01\x12\x19\n\x15MODEL_TYPE_TEXT_LARGE\x10\x02\x12\x1b\n\x17MODEL_TYPE_OBJECT_SMALL\x10\x03\x12\x1b\n\x17MODEL_TYPE_OBJECT_LARGE\x10\x04\x32\x8f\x01\n\x0cModelGateway\x12\x43\n\x08Generate\x12\x1a.parley.v1.GenerateRequest\x1a\x1b.parley.v1.GenerateResponse\x12:\n\x05\x45mbed\x12\x17.parley.v1.EmbedRequest\x1a\x18.parley.v1.EmbedResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15parley/v1/model.proto\x12\tparley.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16parley/v1/common.proto\"0\n\rPromptSegment\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\t\x12\x0e\n\x06stable\x18\x02 \x01(\x08\"\x89\x02\n\x0fGenerateRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12(\n\nmodel_type\x18\x02 \x01(\x0e\x32\x14.parley.v1.ModelType\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12*\n\x08segments\x18\x04 \x03(\x0b\x32\x18.parley.v1.PromptSegment\x12\x0e\n\x06system\x18\x05 \x01(\t\x12\x18\n\x0btemperature\x18\x06 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x07 \x01(\x05\x12\x16\n\x0estop_sequences\x18\x08 \x03(\t\x12\x18\n\x10response_grammar\x18\t \x01(\tB\x0e\n\x0c_temperature\"Q\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x03\x12\x15\n\routput_tokens\x18\x02 \x01(\x03\x12\x1b\n\x13\x63\x61\x63hed_input_tokens\x18\x03 \x01(\x03\"\x92\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x10\n\x08provider\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.parley.v1.Usage\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x17\n\x0flatency_seconds\x18\x06 \x01(\x01\"Z\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12-\n\x08response\x18\x03 \x01(\x0b\x32\x1b.parley.v1.GenerateResponse\"/\n\x0c\x45mbedRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"|\n\rEmbedResponse\x12(\n\nembeddings\x18\x01 \x03(\x0b\x32\x14.parley.v1.Embedding\x12\x11\n\tdimension\x18\x02 \x01(\x05\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.parley.v1.Usage\"\x13\n\x11ListModelsRequest\"W\n\nModelRoute\x12(\n\nmodel_type\x18\x01 \x01(\x0e\x32\x14.parley.v1.ModelType\x12\x10\n\x08provider\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\"\xa1\x01\n\x0eProviderStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x0f\n\x07\x63ircuit\x18\x04 \x01(\t\x12\x10\n\x08inflight\x18\x05 \x01(\x05\x12\x0e\n\x06queued\x18\x06 \x01(\x05\x12\x19\n\x11\x63oncurrency_limit\x18\x07 \x01(\x05\x12\x13\n\x0bqueue_limit\x18\x08 \x01(\x05\"\xbb\x01\n\x12ListModelsResponse\x12%\n\x06routes\x18\x01 \x03(\x0b\x32\x15.parley.v1.ModelRoute\x12,\n\tproviders\x18\x02 \x03(\x0b\x32\x19.parley.v1.ProviderStatus\x12\x1a\n\x12\x65mbedding_provider\x18\x03 \x01(\t\x12\x17\n\x0f\x65mbedding_model\x18\x04 \x01(\t\x12\x1b\n\x13\x65mbedding_dimension\x18\x05 \x01(\x05\"R\n\x10SetBudgetRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x14\n\x0climit_tokens\x18\x02 \x01(\x03\x12\x16\n\x0ewindow_seconds\x18\x03 \x01(\x03\"\xae\x01\n\x06\x42udget\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x14\n\x0climit_tokens\x18\x02 \x01(\x03\x12\x16\n\x0ewindow_seconds\x18\x03 \x01(\x03\x12\x14\n\x0cspent_tokens\x18\x04 \x01(\x03\x12\x17\n\x0freserved_tokens\x18\x05 \x01(\x03\x12\x35\n\x11window_started_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"$\n\x10GetBudgetRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\"\x83\x02\n\x08UsageRow\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x10\n\x08provider\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12(\n\nmodel_type\x18\x04 \x01(\x0e\x32\x14.parley.v1.ModelType\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\x10\n\x08requests\x18\x06 \x01(\x03\x12\x1f\n\x05usage\x18\x07 \x01(\x0b\x32\x10.parley.v1.Usage\x12,\n\x08\x66irst_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x07last_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"I\n\x0fGetUsageRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12$\n\x04page\x18\x02 \x01(\x0b\x32\x16.parley.v1.PageRequest\"\\\n\x10GetUsageResponse\x12!\n\x04rows\x18\x01 \x03(\x0b\x32\x13.parley.v1.UsageRow\x12%\n\x04page\x18\x02 \x01(\x0b\x32\x17.parley.v1.PageResponse\"S\n\x0bSchemaField\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x10\n\x08optional\x18\x03 \x01(\x08\x12\x0f\n\x07pattern\x18\x04 \x01(\t\"\xba\x03\n\x07Section\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x10\n\x08\x61\x66\x66inity\x18\x03 \x01(\t\x12,\n\x08priority\x18\x04 \x01(\x0e\x32\x1a.parley.v1.SectionPriority\x12(\n\nmodel_type\x18\x05 \x01(\x0e\x32\x14.parley.v1.ModelType\x12\x10\n\x08isolated\x18\x06 \x01(\x08\x12\x0e\n\x06prompt\x18\x07 \x01(\t\x12&\n\x06\x66ields\x18\x08 \x03(\x0b\x32\x16.parley.v1.SchemaField\x12\x32\n\x08\x66\x61llback\x18\t \x03(\x0b\x32 .parley.v1.Section.FallbackEntry\x12.\n\tfrequency\x18\n \x01(\x0e\x32\x1b.parley.v1.SectionFrequency\x12\x14\n\x0cmin_cycle_ms\x18\x0b \x01(\x03\x12\x13\n\x0bmax_retries\x18\x0c \x01(\x05\x12\r\n\x05owner\x18\r \x01(\t\x12\x0e\n\x06system\x18\x0e \x01(\t\x1a/\n\rFallbackEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"8\n\x11\x41\x64\x64SectionRequest\x12#\n\x07section\x18\x01 \x01(\x0b\x32\x12.parley.v1.Section\"D\n\x12\x41\x64\x64SectionResponse\x12\x12\n\nregistered\x18\x01 \x01(\x08\x12\x1a\n\x12\x61lready_registered\x18\x02 \x01(\x08\"\x91\x02\n\rSectionResult\x12\x12\n\nsection_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x10\n\x08\x61\x66\x66inity\x18\x03 \x01(\t\x12\x34\n\x06\x66ields\x18\x04 \x03(\x0b\x32$.parley.v1.SectionResult.FieldsEntry\x12\x15\n\rfallback_used\x18\x05 \x01(\x08\x12\x10\n\x08\x61ttempts\x18\x06 \x01(\x05\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x11\n\tdrain_seq\x18\x08 \x01(\x03\x12\x18\n\x10\x64uration_seconds\x18\t \x01(\x01\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\" \n\x0c\x44rainRequest\x12\x10\n\x08\x61\x66\x66inity\x18\x01 \x01(\t\"\x80\x01\n\rDrainResponse\x12\x10\n\x08\x61\x66\x66inity\x18\x01 \x01(\t\x12\x11\n\tdrain_seq\x18\x02 \x01(\x03\x12\x10\n\x08sections\x18\x03 \x01(\x05\x12\r\n\x05\x63\x61lls\x18\x04 \x01(\x05\x12)\n\x07results\x18\x05 \x03(\x0b\x32\x18.parley.v1.SectionResult\"(\n\x14\x42\x61tcherStatusRequest\x12\x10\n\x08\x61\x66\x66inity\x18\x01 \x01(\t\"\xcd\x01\n\rBatcherConfig\x12\x12\n\nbatch_size\x18\x01 \x01(\x05\x12\x1d\n\x15max_drain_interval_ms\x18\x02 \x01(\x03\x12\x1d\n\x15max_sections_per_call\x18\x03 \x01(\x05\x12\x17\n\x0fpacking_density\x18\x04 \x01(\x01\x12\x1b\n\x13max_tokens_per_call\x18\x05 \x01(\x05\x12\x1a\n\x12max_parallel_calls\x18\x06 \x01(\x05\x12\x18\n\x10model_separation\x18\x07 \x01(\x01\"\xb5\x01\n\x0e\x41\x66\x66inityStatus\x12\x10\n\x08\x61\x66\x66inity\x18\x01 \x01(\t\x12\x0f\n\x07pending\x18\x02 \x01(\x05\x12\x10\n\x08sections\x18\x03 \x01(\x05\x12\x0e\n\x06\x64rains\x18\x04 \x01(\x03\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\x12\x31\n\rlast_drain_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x11\x64rain_interval_ms\x18\x07 \x01(\x03\"p\n\x15\x42\x61tcherStatusResponse\x12-\n\naffinities\x18\x01 \x03(\x0b\x32\x19.parley.v1.AffinityStatus\x12(\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x18.parley.v1.BatcherConfig\"N\n\x16\x44isposeSectionsRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x13\n\x0bsection_ids\x18\x02 \x03(\t\x12\r\n\x05owner\x18\x03 \x01(\t\"+\n\x17\x44isposeSectionsResponse\x12\x10\n\x08\x64isposed\x18\x01 \x01(\x05*\x97\x01\n\tModelType\x12\x1a\n\x16MODEL_TYPE_UNSPECIFIED\x10\x00\x12\x19\n\x15MODEL_TYPE_TEXT_SMALL\x10\x01\x12\x19\n\x15MODEL_TYPE_TEXT_LARGE\x10\x02\x12\x1b\n\x17MODEL_TYPE_OBJECT_SMALL\x10\x03\x12\x1b\n\x17MODEL_TYPE_OBJECT_LARGE\x10\x04*\x91\x01\n\x0fSectionPriority\x12 \n\x1cSECTION_PRIORITY_UNSPECIFIED\x10\x00\x12\x1e\n\x1aSECTION_PRIORITY_IMMEDIATE\x10\x01\x12\x1b\n\x17SECTION_PRIORITY_NORMAL\x10\x02\x12\x1f\n\x1bSECTION_PRIORITY_BACKGROUND\x10\x03*\x93\x01\n\x10SectionFrequency\x12!\n\x1dSECTION_FREQUENCY_UNSPECIFIED\x10\x00\x12\x1a\n\x16SECTION_FREQUENCY_ONCE\x10\x01\x12\x1f\n\x1bSECTION_FREQUENCY_PER_DRAIN\x10\x02\x12\x1f\n\x1bSECTION_FREQUENCY_RECURRING\x10\x03\x32\x98\x06\n\x0cModelGateway\x12\x43\n\x08Generate\x12\x1a.parley.v1.GenerateRequest\x1a\x1b.parley.v1.GenerateResponse\x12H\n\x0eGenerateStream\x12\x1a.parley.v1.GenerateRequest\x1a\x18.parley.v1.GenerateChunk0\x01\x12:\n\x05\x45mbed\x12\x17.parley.v1.EmbedRequest\x1a\x18.parley.v1.EmbedResponse\x12I\n\nListModels\x12\x1c.parley.v1.ListModelsRequest\x1a\x1d.parley.v1.ListModelsResponse\x12;\n\tSetBudget\x12\x1b.parley.v1.SetBudgetRequest\x1a\x11.parley.v1.Budget\x12;\n\tGetBudget\x12\x1b.parley.v1.GetBudgetRequest\x1a\x11.parley.v1.Budget\x12\x43\n\x08GetUsage\x12\x1a.parley.v1.GetUsageRequest\x1a\x1b.parley.v1.GetUsageResponse\x12I\n\nAddSection\x12\x1c.parley.v1.AddSectionRequest\x1a\x1d.parley.v1.AddSectionResponse\x12:\n\x05\x44rain\x12\x17.parley.v1.DrainRequest\x1a\x18.parley.v1.DrainResponse\x12R\n\rBatcherStatus\x12\x1f.parley.v1.BatcherStatusRequest\x1a .parley.v1.BatcherStatusResponse\x12X\n\x0f\x44isposeSections\x12!.parley.v1.DisposeSectionsRequest\x1a\".parley.v1.DisposeSectionsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'parley.v1.model_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODELTYPE']._serialized_start=791
-  _globals['_MODELTYPE']._serialized_end=942
-  _globals['_PROMPTSEGMENT']._serialized_start=36
-  _globals['_PROMPTSEGMENT']._serialized_end=84
-  _globals['_GENERATEREQUEST']._serialized_start=87
-  _globals['_GENERATEREQUEST']._serialized_end=352
-  _globals['_USAGE']._serialized_start=354
-  _globals['_USAGE']._serialized_end=435
-  _globals['_GENERATERESPONSE']._serialized_start=438
-  _globals['_GENERATERESPONSE']._serialized_end=584
-  _globals['_EMBEDREQUEST']._serialized_start=586
-  _globals['_EMBEDREQUEST']._serialized_end=633
-  _globals['_EMBEDDING']._serialized_start=635
-  _globals['_EMBEDDING']._serialized_end=662
-  _globals['_EMBEDRESPONSE']._serialized_start=664
-  _globals['_EMBEDRESPONSE']._serialized_end=788
-  _globals['_MODELGATEWAY']._serialized_start=945
-  _globals['_MODELGATEWAY']._serialized_end=1088
+  _globals['_SECTION_FALLBACKENTRY']._loaded_options = None
+  _globals['_SECTION_FALLBACKENTRY']._serialized_options = b'8\001'
+  _globals['_SECTIONRESULT_FIELDSENTRY']._loaded_options = None
+  _globals['_SECTIONRESULT_FIELDSENTRY']._serialized_options = b'8\001'
+  _globals['_MODELTYPE']._serialized_start=3906
+  _globals['_MODELTYPE']._serialized_end=4057
+  _globals['_SECTIONPRIORITY']._serialized_start=4060
+  _globals['_SECTIONPRIORITY']._serialized_end=4205
+  _globals['_SECTIONFREQUENCY']._serialized_start=4208
+  _globals['_SECTIONFREQUENCY']._serialized_end=4355
+  _globals['_PROMPTSEGMENT']._serialized_start=93
+  _globals['_PROMPTSEGMENT']._serialized_end=141
+  _globals['_GENERATEREQUEST']._serialized_start=144
+  _globals['_GENERATEREQUEST']._serialized_end=409
+  _globals['_USAGE']._serialized_start=411
+  _globals['_USAGE']._serialized_end=492
+  _globals['_GENERATERESPONSE']._serialized_start=495
+  _globals['_GENERATERESPONSE']._serialized_end=641
+  _globals['_GENERATECHUNK']._serialized_start=643
+  _globals['_GENERATECHUNK']._serialized_end=733
+  _globals['_EMBEDREQUEST']._serialized_start=735
+  _globals['_EMBEDREQUEST']._serialized_end=782
+  _globals['_EMBEDDING']._serialized_start=784
+  _globals['_EMBEDDING']._serialized_end=811
+  _globals['_EMBEDRESPONSE']._serialized_start=813
+  _globals['_EMBEDRESPONSE']._serialized_end=937
+  _globals['_LISTMODELSREQUEST']._serialized_start=939
+  _globals['_LISTMODELSREQUEST']._serialized_end=958
+  _globals['_MODELROUTE']._serialized_start=960
+  _globals['_MODELROUTE']._serialized_end=1047
+  _globals['_PROVIDERSTATUS']._serialized_start=1050
+  _globals['_PROVIDERSTATUS']._serialized_end=1211
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1214
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1401
+  _globals['_SETBUDGETREQUEST']._serialized_start=1403
+  _globals['_SETBUDGETREQUEST']._serialized_end=1485
+  _globals['_BUDGET']._serialized_start=1488
+  _globals['_BUDGET']._serialized_end=1662
+  _globals['_GETBUDGETREQUEST']._serialized_start=1664
+  _globals['_GETBUDGETREQUEST']._serialized_end=1700
+  _globals['_USAGEROW']._serialized_start=1703
+  _globals['_USAGEROW']._serialized_end=1962
+  _globals['_GETUSAGEREQUEST']._serialized_start=1964
+  _globals['_GETUSAGEREQUEST']._serialized_end=2037
+  _globals['_GETUSAGERESPONSE']._serialized_start=2039
+  _globals['_GETUSAGERESPONSE']._serialized_end=2131
+  _globals['_SCHEMAFIELD']._serialized_start=2133
+  _globals['_SCHEMAFIELD']._serialized_end=2216
+  _globals['_SECTION']._serialized_start=2219
+  _globals['_SECTION']._serialized_end=2661
+  _globals['_SECTION_FALLBACKENTRY']._serialized_start=2614
+  _globals['_SECTION_FALLBACKENTRY']._serialized_end=2661
+  _globals['_ADDSECTIONREQUEST']._serialized_start=2663
+  _globals['_ADDSECTIONREQUEST']._serialized_end=2719
+  _globals['_ADDSECTIONRESPONSE']._serialized_start=2721
+  _globals['_ADDSECTIONRESPONSE']._serialized_end=2789
+  _globals['_SECTIONRESULT']._serialized_start=2792
+  _globals['_SECTIONRESULT']._serialized_end=3065
+  _globals['_SECTIONRESULT_FIELDSENTRY']._serialized_start=3020
+  _globals['_SECTIONRESULT_FIELDSENTRY']._serialized_end=3065
+  _globals['_DRAINREQUEST']._serialized_start=3067
+  _globals['_DRAINREQUEST']._serialized_end=3099
+  _globals['_DRAINRESPONSE']._serialized_start=3102
+  _globals['_DRAINRESPONSE']._serialized_end=3230
+  _globals['_BATCHERSTATUSREQUEST']._serialized_start=3232
+  _globals['_BATCHERSTATUSREQUEST']._serialized_end=3272
+  _globals['_BATCHERCONFIG']._serialized_start=3275
+  _globals['_BATCHERCONFIG']._serialized_end=3480
+  _globals['_AFFINITYSTATUS']._serialized_start=3483
+  _globals['_AFFINITYSTATUS']._serialized_end=3664
+  _globals['_BATCHERSTATUSRESPONSE']._serialized_start=3666
+  _globals['_BATCHERSTATUSRESPONSE']._serialized_end=3778
+  _globals['_DISPOSESECTIONSREQUEST']._serialized_start=3780
+  _globals['_DISPOSESECTIONSREQUEST']._serialized_end=3858
+  _globals['_DISPOSESECTIONSRESPONSE']._serialized_start=3860
+  _globals['_DISPOSESECTIONSRESPONSE']._serialized_end=3903
+  _globals['_MODELGATEWAY']._serialized_start=4358
+  _globals['_MODELGATEWAY']._serialized_end=5150
 # @@protoc_insertion_point(module_scope)

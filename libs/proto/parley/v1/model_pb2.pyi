@@ -6,8 +6,10 @@ isort:skip_file
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from parley.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -39,6 +41,51 @@ MODEL_TYPE_TEXT_LARGE: ModelType.ValueType  # 2
 MODEL_TYPE_OBJECT_SMALL: ModelType.ValueType  # 3
 MODEL_TYPE_OBJECT_LARGE: ModelType.ValueType  # 4
 Global___ModelType: _TypeAlias = ModelType  # noqa: Y015
+
+class _SectionPriority:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SectionPriorityEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SectionPriority.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SECTION_PRIORITY_UNSPECIFIED: _SectionPriority.ValueType  # 0
+    """normal"""
+    SECTION_PRIORITY_IMMEDIATE: _SectionPriority.ValueType  # 1
+    SECTION_PRIORITY_NORMAL: _SectionPriority.ValueType  # 2
+    SECTION_PRIORITY_BACKGROUND: _SectionPriority.ValueType  # 3
+
+class SectionPriority(_SectionPriority, metaclass=_SectionPriorityEnumTypeWrapper):
+    """--- Prompt batcher ----------------------------------------------------------"""
+
+SECTION_PRIORITY_UNSPECIFIED: SectionPriority.ValueType  # 0
+"""normal"""
+SECTION_PRIORITY_IMMEDIATE: SectionPriority.ValueType  # 1
+SECTION_PRIORITY_NORMAL: SectionPriority.ValueType  # 2
+SECTION_PRIORITY_BACKGROUND: SectionPriority.ValueType  # 3
+Global___SectionPriority: _TypeAlias = SectionPriority  # noqa: Y015
+
+class _SectionFrequency:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SectionFrequencyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SectionFrequency.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SECTION_FREQUENCY_UNSPECIFIED: _SectionFrequency.ValueType  # 0
+    """once"""
+    SECTION_FREQUENCY_ONCE: _SectionFrequency.ValueType  # 1
+    SECTION_FREQUENCY_PER_DRAIN: _SectionFrequency.ValueType  # 2
+    SECTION_FREQUENCY_RECURRING: _SectionFrequency.ValueType  # 3
+    """at most once per min_cycle_ms"""
+
+class SectionFrequency(_SectionFrequency, metaclass=_SectionFrequencyEnumTypeWrapper): ...
+
+SECTION_FREQUENCY_UNSPECIFIED: SectionFrequency.ValueType  # 0
+"""once"""
+SECTION_FREQUENCY_ONCE: SectionFrequency.ValueType  # 1
+SECTION_FREQUENCY_PER_DRAIN: SectionFrequency.ValueType  # 2
+SECTION_FREQUENCY_RECURRING: SectionFrequency.ValueType  # 3
+"""at most once per min_cycle_ms"""
+Global___SectionFrequency: _TypeAlias = SectionFrequency  # noqa: Y015
 
 @_typing.final
 class PromptSegment(_message.Message):
@@ -178,6 +225,36 @@ class GenerateResponse(_message.Message):
 Global___GenerateResponse: _TypeAlias = GenerateResponse  # noqa: Y015
 
 @_typing.final
+class GenerateChunk(_message.Message):
+    """One piece of a streamed generation. Every chunk but the last carries text;
+    the last has done = true and the whole response (text, usage, finish reason).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEXT_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    text: _builtins.str
+    done: _builtins.bool
+    @_builtins.property
+    def response(self) -> Global___GenerateResponse: ...
+    def __init__(
+        self,
+        *,
+        text: _builtins.str = ...,
+        done: _builtins.bool = ...,
+        response: Global___GenerateResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "response", b"response", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GenerateChunk: _TypeAlias = GenerateChunk  # noqa: Y015
+
+@_typing.final
 class EmbedRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -249,3 +326,747 @@ class EmbedResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EmbedResponse: _TypeAlias = EmbedResponse  # noqa: Y015
+
+@_typing.final
+class ListModelsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListModelsRequest: _TypeAlias = ListModelsRequest  # noqa: Y015
+
+@_typing.final
+class ModelRoute(_message.Message):
+    """The provider behind one model type."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_TYPE_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    model_type: Global___ModelType.ValueType
+    provider: _builtins.str
+    model: _builtins.str
+    def __init__(
+        self,
+        *,
+        model_type: Global___ModelType.ValueType = ...,
+        provider: _builtins.str = ...,
+        model: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model", "model_type", b"model_type", "provider", b"provider"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelRoute: _TypeAlias = ModelRoute  # noqa: Y015
+
+@_typing.final
+class ProviderStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    HEALTHY_FIELD_NUMBER: _builtins.int
+    CIRCUIT_FIELD_NUMBER: _builtins.int
+    INFLIGHT_FIELD_NUMBER: _builtins.int
+    QUEUED_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_LIMIT_FIELD_NUMBER: _builtins.int
+    QUEUE_LIMIT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    model: _builtins.str
+    healthy: _builtins.bool
+    """False while the circuit breaker is open."""
+    circuit: _builtins.str
+    """closed, open, half_open"""
+    inflight: _builtins.int
+    queued: _builtins.int
+    concurrency_limit: _builtins.int
+    queue_limit: _builtins.int
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        model: _builtins.str = ...,
+        healthy: _builtins.bool = ...,
+        circuit: _builtins.str = ...,
+        inflight: _builtins.int = ...,
+        queued: _builtins.int = ...,
+        concurrency_limit: _builtins.int = ...,
+        queue_limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["circuit", b"circuit", "concurrency_limit", b"concurrency_limit", "healthy", b"healthy", "inflight", b"inflight", "model", b"model", "name", b"name", "queue_limit", b"queue_limit", "queued", b"queued"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProviderStatus: _TypeAlias = ProviderStatus  # noqa: Y015
+
+@_typing.final
+class ListModelsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROUTES_FIELD_NUMBER: _builtins.int
+    PROVIDERS_FIELD_NUMBER: _builtins.int
+    EMBEDDING_PROVIDER_FIELD_NUMBER: _builtins.int
+    EMBEDDING_MODEL_FIELD_NUMBER: _builtins.int
+    EMBEDDING_DIMENSION_FIELD_NUMBER: _builtins.int
+    embedding_provider: _builtins.str
+    embedding_model: _builtins.str
+    embedding_dimension: _builtins.int
+    @_builtins.property
+    def routes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelRoute]: ...
+    @_builtins.property
+    def providers(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProviderStatus]: ...
+    def __init__(
+        self,
+        *,
+        routes: _abc.Iterable[Global___ModelRoute] | None = ...,
+        providers: _abc.Iterable[Global___ProviderStatus] | None = ...,
+        embedding_provider: _builtins.str = ...,
+        embedding_model: _builtins.str = ...,
+        embedding_dimension: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["embedding_dimension", b"embedding_dimension", "embedding_model", b"embedding_model", "embedding_provider", b"embedding_provider", "providers", b"providers", "routes", b"routes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListModelsResponse: _TypeAlias = ListModelsResponse  # noqa: Y015
+
+@_typing.final
+class SetBudgetRequest(_message.Message):
+    """--- Token budgets and the usage ledger --------------------------------------"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    LIMIT_TOKENS_FIELD_NUMBER: _builtins.int
+    WINDOW_SECONDS_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    limit_tokens: _builtins.int
+    """Tokens (input + output) the agent may use per window; 0 removes the budget."""
+    window_seconds: _builtins.int
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        limit_tokens: _builtins.int = ...,
+        window_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "limit_tokens", b"limit_tokens", "window_seconds", b"window_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetBudgetRequest: _TypeAlias = SetBudgetRequest  # noqa: Y015
+
+@_typing.final
+class Budget(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    LIMIT_TOKENS_FIELD_NUMBER: _builtins.int
+    WINDOW_SECONDS_FIELD_NUMBER: _builtins.int
+    SPENT_TOKENS_FIELD_NUMBER: _builtins.int
+    RESERVED_TOKENS_FIELD_NUMBER: _builtins.int
+    WINDOW_STARTED_AT_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    limit_tokens: _builtins.int
+    window_seconds: _builtins.int
+    spent_tokens: _builtins.int
+    """committed in the current window"""
+    reserved_tokens: _builtins.int
+    """held by calls in flight"""
+    @_builtins.property
+    def window_started_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        limit_tokens: _builtins.int = ...,
+        window_seconds: _builtins.int = ...,
+        spent_tokens: _builtins.int = ...,
+        reserved_tokens: _builtins.int = ...,
+        window_started_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["window_started_at", b"window_started_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "limit_tokens", b"limit_tokens", "reserved_tokens", b"reserved_tokens", "spent_tokens", b"spent_tokens", "window_seconds", b"window_seconds", "window_started_at", b"window_started_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Budget: _TypeAlias = Budget  # noqa: Y015
+
+@_typing.final
+class GetBudgetRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetBudgetRequest: _TypeAlias = GetBudgetRequest  # noqa: Y015
+
+@_typing.final
+class UsageRow(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    MODEL_TYPE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    FIRST_AT_FIELD_NUMBER: _builtins.int
+    LAST_AT_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    provider: _builtins.str
+    model: _builtins.str
+    model_type: Global___ModelType.ValueType
+    """UNSPECIFIED for embeddings"""
+    kind: _builtins.str
+    """generate, stream, embed, batch"""
+    requests: _builtins.int
+    @_builtins.property
+    def usage(self) -> Global___Usage: ...
+    @_builtins.property
+    def first_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def last_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        provider: _builtins.str = ...,
+        model: _builtins.str = ...,
+        model_type: Global___ModelType.ValueType = ...,
+        kind: _builtins.str = ...,
+        requests: _builtins.int = ...,
+        usage: Global___Usage | None = ...,
+        first_at: _timestamp_pb2.Timestamp | None = ...,
+        last_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["first_at", b"first_at", "last_at", b"last_at", "usage", b"usage"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "first_at", b"first_at", "kind", b"kind", "last_at", b"last_at", "model", b"model", "model_type", b"model_type", "provider", b"provider", "requests", b"requests", "usage", b"usage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UsageRow: _TypeAlias = UsageRow  # noqa: Y015
+
+@_typing.final
+class GetUsageRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    PAGE_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    """Empty: every agent."""
+    @_builtins.property
+    def page(self) -> _common_pb2.PageRequest: ...
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        page: _common_pb2.PageRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "page", b"page"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetUsageRequest: _TypeAlias = GetUsageRequest  # noqa: Y015
+
+@_typing.final
+class GetUsageResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROWS_FIELD_NUMBER: _builtins.int
+    PAGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rows(self) -> _containers.RepeatedCompositeFieldContainer[Global___UsageRow]: ...
+    @_builtins.property
+    def page(self) -> _common_pb2.PageResponse: ...
+    def __init__(
+        self,
+        *,
+        rows: _abc.Iterable[Global___UsageRow] | None = ...,
+        page: _common_pb2.PageResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page", b"page", "rows", b"rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetUsageResponse: _TypeAlias = GetUsageResponse  # noqa: Y015
+
+@_typing.final
+class SchemaField(_message.Message):
+    """A field the model fills in; it travels namespaced as <section>__<name>."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    OPTIONAL_FIELD_NUMBER: _builtins.int
+    PATTERN_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    description: _builtins.str
+    optional: _builtins.bool
+    pattern: _builtins.str
+    """When set, a value that does not fully match this regular expression is invalid."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+        optional: _builtins.bool = ...,
+        pattern: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "name", b"name", "optional", b"optional", "pattern", b"pattern"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SchemaField: _TypeAlias = SchemaField  # noqa: Y015
+
+@_typing.final
+class Section(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class FallbackEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ID_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    AFFINITY_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    MODEL_TYPE_FIELD_NUMBER: _builtins.int
+    ISOLATED_FIELD_NUMBER: _builtins.int
+    PROMPT_FIELD_NUMBER: _builtins.int
+    FIELDS_FIELD_NUMBER: _builtins.int
+    FALLBACK_FIELD_NUMBER: _builtins.int
+    FREQUENCY_FIELD_NUMBER: _builtins.int
+    MIN_CYCLE_MS_FIELD_NUMBER: _builtins.int
+    MAX_RETRIES_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    SYSTEM_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """idempotent per agent: [A-Za-z][A-Za-z0-9_-]{0,63}"""
+    agent_id: _builtins.str
+    affinity: _builtins.str
+    """default, room:<id>, autonomy, init"""
+    priority: Global___SectionPriority.ValueType
+    model_type: Global___ModelType.ValueType
+    """the tier; UNSPECIFIED means TEXT_SMALL"""
+    isolated: _builtins.bool
+    """gets a call of its own"""
+    prompt: _builtins.str
+    """what to ask"""
+    frequency: Global___SectionFrequency.ValueType
+    min_cycle_ms: _builtins.int
+    """for RECURRING"""
+    max_retries: _builtins.int
+    """0..2"""
+    owner: _builtins.str
+    """the client that registered it (for dispose)"""
+    system: _builtins.str
+    """optional system prompt of the call"""
+    @_builtins.property
+    def fields(self) -> _containers.RepeatedCompositeFieldContainer[Global___SchemaField]: ...
+    @_builtins.property
+    def fallback(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        agent_id: _builtins.str = ...,
+        affinity: _builtins.str = ...,
+        priority: Global___SectionPriority.ValueType = ...,
+        model_type: Global___ModelType.ValueType = ...,
+        isolated: _builtins.bool = ...,
+        prompt: _builtins.str = ...,
+        fields: _abc.Iterable[Global___SchemaField] | None = ...,
+        fallback: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        frequency: Global___SectionFrequency.ValueType = ...,
+        min_cycle_ms: _builtins.int = ...,
+        max_retries: _builtins.int = ...,
+        owner: _builtins.str = ...,
+        system: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinity", b"affinity", "agent_id", b"agent_id", "fallback", b"fallback", "fields", b"fields", "frequency", b"frequency", "id", b"id", "isolated", b"isolated", "max_retries", b"max_retries", "min_cycle_ms", b"min_cycle_ms", "model_type", b"model_type", "owner", b"owner", "priority", b"priority", "prompt", b"prompt", "system", b"system"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Section: _TypeAlias = Section  # noqa: Y015
+
+@_typing.final
+class AddSectionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SECTION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def section(self) -> Global___Section: ...
+    def __init__(
+        self,
+        *,
+        section: Global___Section | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["section", b"section"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["section", b"section"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddSectionRequest: _TypeAlias = AddSectionRequest  # noqa: Y015
+
+@_typing.final
+class AddSectionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REGISTERED_FIELD_NUMBER: _builtins.int
+    ALREADY_REGISTERED_FIELD_NUMBER: _builtins.int
+    registered: _builtins.bool
+    already_registered: _builtins.bool
+    """True when a section with this id was already registered for the agent."""
+    def __init__(
+        self,
+        *,
+        registered: _builtins.bool = ...,
+        already_registered: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_registered", b"already_registered", "registered", b"registered"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddSectionResponse: _TypeAlias = AddSectionResponse  # noqa: Y015
+
+@_typing.final
+class SectionResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class FieldsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    SECTION_ID_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    AFFINITY_FIELD_NUMBER: _builtins.int
+    FIELDS_FIELD_NUMBER: _builtins.int
+    FALLBACK_USED_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    DRAIN_SEQ_FIELD_NUMBER: _builtins.int
+    DURATION_SECONDS_FIELD_NUMBER: _builtins.int
+    section_id: _builtins.str
+    agent_id: _builtins.str
+    affinity: _builtins.str
+    fallback_used: _builtins.bool
+    attempts: _builtins.int
+    error: _builtins.str
+    """why the fallback was used"""
+    drain_seq: _builtins.int
+    duration_seconds: _builtins.float
+    @_builtins.property
+    def fields(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        section_id: _builtins.str = ...,
+        agent_id: _builtins.str = ...,
+        affinity: _builtins.str = ...,
+        fields: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        fallback_used: _builtins.bool = ...,
+        attempts: _builtins.int = ...,
+        error: _builtins.str = ...,
+        drain_seq: _builtins.int = ...,
+        duration_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinity", b"affinity", "agent_id", b"agent_id", "attempts", b"attempts", "drain_seq", b"drain_seq", "duration_seconds", b"duration_seconds", "error", b"error", "fallback_used", b"fallback_used", "fields", b"fields", "section_id", b"section_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SectionResult: _TypeAlias = SectionResult  # noqa: Y015
+
+@_typing.final
+class DrainRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AFFINITY_FIELD_NUMBER: _builtins.int
+    affinity: _builtins.str
+    def __init__(
+        self,
+        *,
+        affinity: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinity", b"affinity"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainRequest: _TypeAlias = DrainRequest  # noqa: Y015
+
+@_typing.final
+class DrainResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AFFINITY_FIELD_NUMBER: _builtins.int
+    DRAIN_SEQ_FIELD_NUMBER: _builtins.int
+    SECTIONS_FIELD_NUMBER: _builtins.int
+    CALLS_FIELD_NUMBER: _builtins.int
+    RESULTS_FIELD_NUMBER: _builtins.int
+    affinity: _builtins.str
+    drain_seq: _builtins.int
+    sections: _builtins.int
+    calls: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___SectionResult]: ...
+    def __init__(
+        self,
+        *,
+        affinity: _builtins.str = ...,
+        drain_seq: _builtins.int = ...,
+        sections: _builtins.int = ...,
+        calls: _builtins.int = ...,
+        results: _abc.Iterable[Global___SectionResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinity", b"affinity", "calls", b"calls", "drain_seq", b"drain_seq", "results", b"results", "sections", b"sections"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainResponse: _TypeAlias = DrainResponse  # noqa: Y015
+
+@_typing.final
+class BatcherStatusRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AFFINITY_FIELD_NUMBER: _builtins.int
+    affinity: _builtins.str
+    """Empty: every affinity."""
+    def __init__(
+        self,
+        *,
+        affinity: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinity", b"affinity"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatcherStatusRequest: _TypeAlias = BatcherStatusRequest  # noqa: Y015
+
+@_typing.final
+class BatcherConfig(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BATCH_SIZE_FIELD_NUMBER: _builtins.int
+    MAX_DRAIN_INTERVAL_MS_FIELD_NUMBER: _builtins.int
+    MAX_SECTIONS_PER_CALL_FIELD_NUMBER: _builtins.int
+    PACKING_DENSITY_FIELD_NUMBER: _builtins.int
+    MAX_TOKENS_PER_CALL_FIELD_NUMBER: _builtins.int
+    MAX_PARALLEL_CALLS_FIELD_NUMBER: _builtins.int
+    MODEL_SEPARATION_FIELD_NUMBER: _builtins.int
+    batch_size: _builtins.int
+    max_drain_interval_ms: _builtins.int
+    max_sections_per_call: _builtins.int
+    packing_density: _builtins.float
+    max_tokens_per_call: _builtins.int
+    max_parallel_calls: _builtins.int
+    model_separation: _builtins.float
+    def __init__(
+        self,
+        *,
+        batch_size: _builtins.int = ...,
+        max_drain_interval_ms: _builtins.int = ...,
+        max_sections_per_call: _builtins.int = ...,
+        packing_density: _builtins.float = ...,
+        max_tokens_per_call: _builtins.int = ...,
+        max_parallel_calls: _builtins.int = ...,
+        model_separation: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "max_drain_interval_ms", b"max_drain_interval_ms", "max_parallel_calls", b"max_parallel_calls", "max_sections_per_call", b"max_sections_per_call", "max_tokens_per_call", b"max_tokens_per_call", "model_separation", b"model_separation", "packing_density", b"packing_density"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatcherConfig: _TypeAlias = BatcherConfig  # noqa: Y015
+
+@_typing.final
+class AffinityStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AFFINITY_FIELD_NUMBER: _builtins.int
+    PENDING_FIELD_NUMBER: _builtins.int
+    SECTIONS_FIELD_NUMBER: _builtins.int
+    DRAINS_FIELD_NUMBER: _builtins.int
+    DRAINING_FIELD_NUMBER: _builtins.int
+    LAST_DRAIN_AT_FIELD_NUMBER: _builtins.int
+    DRAIN_INTERVAL_MS_FIELD_NUMBER: _builtins.int
+    affinity: _builtins.str
+    pending: _builtins.int
+    """sections waiting for a drain"""
+    sections: _builtins.int
+    """registered, any state"""
+    drains: _builtins.int
+    draining: _builtins.bool
+    drain_interval_ms: _builtins.int
+    @_builtins.property
+    def last_drain_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        affinity: _builtins.str = ...,
+        pending: _builtins.int = ...,
+        sections: _builtins.int = ...,
+        drains: _builtins.int = ...,
+        draining: _builtins.bool = ...,
+        last_drain_at: _timestamp_pb2.Timestamp | None = ...,
+        drain_interval_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_drain_at", b"last_drain_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinity", b"affinity", "drain_interval_ms", b"drain_interval_ms", "draining", b"draining", "drains", b"drains", "last_drain_at", b"last_drain_at", "pending", b"pending", "sections", b"sections"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AffinityStatus: _TypeAlias = AffinityStatus  # noqa: Y015
+
+@_typing.final
+class BatcherStatusResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AFFINITIES_FIELD_NUMBER: _builtins.int
+    CONFIG_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def affinities(self) -> _containers.RepeatedCompositeFieldContainer[Global___AffinityStatus]: ...
+    @_builtins.property
+    def config(self) -> Global___BatcherConfig: ...
+    def __init__(
+        self,
+        *,
+        affinities: _abc.Iterable[Global___AffinityStatus] | None = ...,
+        config: Global___BatcherConfig | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinities", b"affinities", "config", b"config"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatcherStatusResponse: _TypeAlias = BatcherStatusResponse  # noqa: Y015
+
+@_typing.final
+class DisposeSectionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    SECTION_IDS_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    owner: _builtins.str
+    @_builtins.property
+    def section_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Either these sections, or every section of the owner."""
+
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        section_ids: _abc.Iterable[_builtins.str] | None = ...,
+        owner: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "owner", b"owner", "section_ids", b"section_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DisposeSectionsRequest: _TypeAlias = DisposeSectionsRequest  # noqa: Y015
+
+@_typing.final
+class DisposeSectionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DISPOSED_FIELD_NUMBER: _builtins.int
+    disposed: _builtins.int
+    def __init__(
+        self,
+        *,
+        disposed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disposed", b"disposed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DisposeSectionsResponse: _TypeAlias = DisposeSectionsResponse  # noqa: Y015

@@ -39,10 +39,55 @@ class ModelGatewayStub:
                 request_serializer=parley_dot_v1_dot_model__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=parley_dot_v1_dot_model__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateStream = channel.unary_stream(
+                '/parley.v1.ModelGateway/GenerateStream',
+                request_serializer=parley_dot_v1_dot_model__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_model__pb2.GenerateChunk.FromString,
+                _registered_method=True)
         self.Embed = channel.unary_unary(
                 '/parley.v1.ModelGateway/Embed',
                 request_serializer=parley_dot_v1_dot_model__pb2.EmbedRequest.SerializeToString,
                 response_deserializer=parley_dot_v1_dot_model__pb2.EmbedResponse.FromString,
+                _registered_method=True)
+        self.ListModels = channel.unary_unary(
+                '/parley.v1.ModelGateway/ListModels',
+                request_serializer=parley_dot_v1_dot_model__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_model__pb2.ListModelsResponse.FromString,
+                _registered_method=True)
+        self.SetBudget = channel.unary_unary(
+                '/parley.v1.ModelGateway/SetBudget',
+                request_serializer=parley_dot_v1_dot_model__pb2.SetBudgetRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_model__pb2.Budget.FromString,
+                _registered_method=True)
+        self.GetBudget = channel.unary_unary(
+                '/parley.v1.ModelGateway/GetBudget',
+                request_serializer=parley_dot_v1_dot_model__pb2.GetBudgetRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_model__pb2.Budget.FromString,
+                _registered_method=True)
+        self.GetUsage = channel.unary_unary(
+                '/parley.v1.ModelGateway/GetUsage',
+                request_serializer=parley_dot_v1_dot_model__pb2.GetUsageRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_model__pb2.GetUsageResponse.FromString,
+                _registered_method=True)
+        self.AddSection = channel.unary_unary(
+                '/parley.v1.ModelGateway/AddSection',
+                request_serializer=parley_dot_v1_dot_model__pb2.AddSectionRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_model__pb2.AddSectionResponse.FromString,
+                _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/parley.v1.ModelGateway/Drain',
+                request_serializer=parley_dot_v1_dot_model__pb2.DrainRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_model__pb2.DrainResponse.FromString,
+                _registered_method=True)
+        self.BatcherStatus = channel.unary_unary(
+                '/parley.v1.ModelGateway/BatcherStatus',
+                request_serializer=parley_dot_v1_dot_model__pb2.BatcherStatusRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_model__pb2.BatcherStatusResponse.FromString,
+                _registered_method=True)
+        self.DisposeSections = channel.unary_unary(
+                '/parley.v1.ModelGateway/DisposeSections',
+                request_serializer=parley_dot_v1_dot_model__pb2.DisposeSectionsRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_model__pb2.DisposeSectionsResponse.FromString,
                 _registered_method=True)
 
 
@@ -55,7 +100,61 @@ class ModelGatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GenerateStream(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Embed(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListModels(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetBudget(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetBudget(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetUsage(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddSection(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drain(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BatcherStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DisposeSections(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -69,10 +168,55 @@ def add_ModelGatewayServicer_to_server(servicer, server):
                     request_deserializer=parley_dot_v1_dot_model__pb2.GenerateRequest.FromString,
                     response_serializer=parley_dot_v1_dot_model__pb2.GenerateResponse.SerializeToString,
             ),
+            'GenerateStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.GenerateStream,
+                    request_deserializer=parley_dot_v1_dot_model__pb2.GenerateRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_model__pb2.GenerateChunk.SerializeToString,
+            ),
             'Embed': grpc.unary_unary_rpc_method_handler(
                     servicer.Embed,
                     request_deserializer=parley_dot_v1_dot_model__pb2.EmbedRequest.FromString,
                     response_serializer=parley_dot_v1_dot_model__pb2.EmbedResponse.SerializeToString,
+            ),
+            'ListModels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModels,
+                    request_deserializer=parley_dot_v1_dot_model__pb2.ListModelsRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_model__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'SetBudget': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetBudget,
+                    request_deserializer=parley_dot_v1_dot_model__pb2.SetBudgetRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_model__pb2.Budget.SerializeToString,
+            ),
+            'GetBudget': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBudget,
+                    request_deserializer=parley_dot_v1_dot_model__pb2.GetBudgetRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_model__pb2.Budget.SerializeToString,
+            ),
+            'GetUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUsage,
+                    request_deserializer=parley_dot_v1_dot_model__pb2.GetUsageRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_model__pb2.GetUsageResponse.SerializeToString,
+            ),
+            'AddSection': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddSection,
+                    request_deserializer=parley_dot_v1_dot_model__pb2.AddSectionRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_model__pb2.AddSectionResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=parley_dot_v1_dot_model__pb2.DrainRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_model__pb2.DrainResponse.SerializeToString,
+            ),
+            'BatcherStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatcherStatus,
+                    request_deserializer=parley_dot_v1_dot_model__pb2.BatcherStatusRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_model__pb2.BatcherStatusResponse.SerializeToString,
+            ),
+            'DisposeSections': grpc.unary_unary_rpc_method_handler(
+                    servicer.DisposeSections,
+                    request_deserializer=parley_dot_v1_dot_model__pb2.DisposeSectionsRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_model__pb2.DisposeSectionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -113,6 +257,33 @@ class ModelGateway:
             _registered_method=True)
 
     @staticmethod
+    def GenerateStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/parley.v1.ModelGateway/GenerateStream',
+            parley_dot_v1_dot_model__pb2.GenerateRequest.SerializeToString,
+            parley_dot_v1_dot_model__pb2.GenerateChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def Embed(request,
             target,
             options=(),
@@ -129,6 +300,222 @@ class ModelGateway:
             '/parley.v1.ModelGateway/Embed',
             parley_dot_v1_dot_model__pb2.EmbedRequest.SerializeToString,
             parley_dot_v1_dot_model__pb2.EmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.ModelGateway/ListModels',
+            parley_dot_v1_dot_model__pb2.ListModelsRequest.SerializeToString,
+            parley_dot_v1_dot_model__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetBudget(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.ModelGateway/SetBudget',
+            parley_dot_v1_dot_model__pb2.SetBudgetRequest.SerializeToString,
+            parley_dot_v1_dot_model__pb2.Budget.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBudget(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.ModelGateway/GetBudget',
+            parley_dot_v1_dot_model__pb2.GetBudgetRequest.SerializeToString,
+            parley_dot_v1_dot_model__pb2.Budget.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.ModelGateway/GetUsage',
+            parley_dot_v1_dot_model__pb2.GetUsageRequest.SerializeToString,
+            parley_dot_v1_dot_model__pb2.GetUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddSection(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.ModelGateway/AddSection',
+            parley_dot_v1_dot_model__pb2.AddSectionRequest.SerializeToString,
+            parley_dot_v1_dot_model__pb2.AddSectionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.ModelGateway/Drain',
+            parley_dot_v1_dot_model__pb2.DrainRequest.SerializeToString,
+            parley_dot_v1_dot_model__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatcherStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.ModelGateway/BatcherStatus',
+            parley_dot_v1_dot_model__pb2.BatcherStatusRequest.SerializeToString,
+            parley_dot_v1_dot_model__pb2.BatcherStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DisposeSections(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.ModelGateway/DisposeSections',
+            parley_dot_v1_dot_model__pb2.DisposeSectionsRequest.SerializeToString,
+            parley_dot_v1_dot_model__pb2.DisposeSectionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -32,13 +32,31 @@ class ModelGatewayStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ModelGatewayAsyncStub: ...
     Generate: _grpc.UnaryUnaryMultiCallable[_model_pb2.GenerateRequest, _model_pb2.GenerateResponse]
+    GenerateStream: _grpc.UnaryStreamMultiCallable[_model_pb2.GenerateRequest, _model_pb2.GenerateChunk]
     Embed: _grpc.UnaryUnaryMultiCallable[_model_pb2.EmbedRequest, _model_pb2.EmbedResponse]
+    ListModels: _grpc.UnaryUnaryMultiCallable[_model_pb2.ListModelsRequest, _model_pb2.ListModelsResponse]
+    SetBudget: _grpc.UnaryUnaryMultiCallable[_model_pb2.SetBudgetRequest, _model_pb2.Budget]
+    GetBudget: _grpc.UnaryUnaryMultiCallable[_model_pb2.GetBudgetRequest, _model_pb2.Budget]
+    GetUsage: _grpc.UnaryUnaryMultiCallable[_model_pb2.GetUsageRequest, _model_pb2.GetUsageResponse]
+    AddSection: _grpc.UnaryUnaryMultiCallable[_model_pb2.AddSectionRequest, _model_pb2.AddSectionResponse]
+    Drain: _grpc.UnaryUnaryMultiCallable[_model_pb2.DrainRequest, _model_pb2.DrainResponse]
+    BatcherStatus: _grpc.UnaryUnaryMultiCallable[_model_pb2.BatcherStatusRequest, _model_pb2.BatcherStatusResponse]
+    DisposeSections: _grpc.UnaryUnaryMultiCallable[_model_pb2.DisposeSectionsRequest, _model_pb2.DisposeSectionsResponse]
 
 @_typing.type_check_only
 class ModelGatewayAsyncStub(ModelGatewayStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Generate: _aio.UnaryUnaryMultiCallable[_model_pb2.GenerateRequest, _model_pb2.GenerateResponse]  # type: ignore[assignment]
+    GenerateStream: _aio.UnaryStreamMultiCallable[_model_pb2.GenerateRequest, _model_pb2.GenerateChunk]  # type: ignore[assignment]
     Embed: _aio.UnaryUnaryMultiCallable[_model_pb2.EmbedRequest, _model_pb2.EmbedResponse]  # type: ignore[assignment]
+    ListModels: _aio.UnaryUnaryMultiCallable[_model_pb2.ListModelsRequest, _model_pb2.ListModelsResponse]  # type: ignore[assignment]
+    SetBudget: _aio.UnaryUnaryMultiCallable[_model_pb2.SetBudgetRequest, _model_pb2.Budget]  # type: ignore[assignment]
+    GetBudget: _aio.UnaryUnaryMultiCallable[_model_pb2.GetBudgetRequest, _model_pb2.Budget]  # type: ignore[assignment]
+    GetUsage: _aio.UnaryUnaryMultiCallable[_model_pb2.GetUsageRequest, _model_pb2.GetUsageResponse]  # type: ignore[assignment]
+    AddSection: _aio.UnaryUnaryMultiCallable[_model_pb2.AddSectionRequest, _model_pb2.AddSectionResponse]  # type: ignore[assignment]
+    Drain: _aio.UnaryUnaryMultiCallable[_model_pb2.DrainRequest, _model_pb2.DrainResponse]  # type: ignore[assignment]
+    BatcherStatus: _aio.UnaryUnaryMultiCallable[_model_pb2.BatcherStatusRequest, _model_pb2.BatcherStatusResponse]  # type: ignore[assignment]
+    DisposeSections: _aio.UnaryUnaryMultiCallable[_model_pb2.DisposeSectionsRequest, _model_pb2.DisposeSectionsResponse]  # type: ignore[assignment]
 
 class ModelGatewayServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -49,10 +67,73 @@ class ModelGatewayServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_model_pb2.GenerateResponse, _abc.Awaitable[_model_pb2.GenerateResponse]]: ...
 
     @_abc_1.abstractmethod
+    def GenerateStream(
+        self,
+        request: _model_pb2.GenerateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_model_pb2.GenerateChunk], _abc.AsyncIterator[_model_pb2.GenerateChunk]]: ...
+
+    @_abc_1.abstractmethod
     def Embed(
         self,
         request: _model_pb2.EmbedRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_model_pb2.EmbedResponse, _abc.Awaitable[_model_pb2.EmbedResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListModels(
+        self,
+        request: _model_pb2.ListModelsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_model_pb2.ListModelsResponse, _abc.Awaitable[_model_pb2.ListModelsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SetBudget(
+        self,
+        request: _model_pb2.SetBudgetRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_model_pb2.Budget, _abc.Awaitable[_model_pb2.Budget]]: ...
+
+    @_abc_1.abstractmethod
+    def GetBudget(
+        self,
+        request: _model_pb2.GetBudgetRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_model_pb2.Budget, _abc.Awaitable[_model_pb2.Budget]]: ...
+
+    @_abc_1.abstractmethod
+    def GetUsage(
+        self,
+        request: _model_pb2.GetUsageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_model_pb2.GetUsageResponse, _abc.Awaitable[_model_pb2.GetUsageResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def AddSection(
+        self,
+        request: _model_pb2.AddSectionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_model_pb2.AddSectionResponse, _abc.Awaitable[_model_pb2.AddSectionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Drain(
+        self,
+        request: _model_pb2.DrainRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_model_pb2.DrainResponse, _abc.Awaitable[_model_pb2.DrainResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def BatcherStatus(
+        self,
+        request: _model_pb2.BatcherStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_model_pb2.BatcherStatusResponse, _abc.Awaitable[_model_pb2.BatcherStatusResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DisposeSections(
+        self,
+        request: _model_pb2.DisposeSectionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_model_pb2.DisposeSectionsResponse, _abc.Awaitable[_model_pb2.DisposeSectionsResponse]]: ...
 
 def add_ModelGatewayServicer_to_server(servicer: ModelGatewayServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

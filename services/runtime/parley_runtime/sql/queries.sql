@@ -70,10 +70,20 @@ WITH prev AS (
       FROM msg WHERE msg.open
     -- A copy that did not get the room (it raced a copy that did, or a newer message
     -- took the room) leaves the running turn to whoever holds it.
+    -- A copy that lost to a newer message in the room (its first holder may have died)
+    -- supersedes the turn, so no turn is left running with nobody to finish it.
     ON CONFLICT (agent_id, id) DO UPDATE
        SET attempts = turn.attempts + 1,
            lease_token = coalesce(excluded.lease_token, turn.lease_token),
-           started_at = coalesce(excluded.started_at, turn.started_at)
+           started_at = coalesce(excluded.started_at, turn.started_at),
+           state = CASE WHEN excluded.lease_token IS NULL AND (SELECT rs.turn_seq FROM runtime.room rs
+                                                               WHERE rs.agent_id = %(agent_id)s
+                                                                 AND rs.id = %(room_id)s) > excluded.stream_seq
+                        THEN 'superseded' ELSE turn.state END,
+           finished_at = CASE WHEN excluded.lease_token IS NULL AND (SELECT rs.turn_seq FROM runtime.room rs
+                                                                     WHERE rs.agent_id = %(agent_id)s
+                                                                       AND rs.id = %(room_id)s) > excluded.stream_seq
+                              THEN clock_timestamp() ELSE turn.finished_at END
      WHERE turn.state IN ('received', 'running')
     RETURNING state, attempts, response_id
 )
@@ -118,10 +128,14 @@ SELECT t.state, t.attempts, t.response_id, (SELECT turn_token FROM r) AS lease_t
 -- message (lease_token changed) is left to that copy: no row comes back.
 -- The replies are published after this; a redelivery of a replied turn
 -- publishes the stored replies again under the same ids, so JetStream drops them.
-WITH lease AS (
-    SELECT %(keep)s OR EXISTS (SELECT 1 FROM runtime.room
-                                WHERE agent_id = %(agent_id)s AND id = %(room_id)s
-                                  AND turn_token = %(lease_token)s) AS held
+-- FOR SHARE orders this statement with a newer message taking the room: that one waits
+-- until this reply is saved, or this one sees its new token and is superseded.
+WITH room_lease AS (
+    SELECT 1 FROM runtime.room
+     WHERE agent_id = %(agent_id)s AND id = %(room_id)s AND turn_token = %(lease_token)s
+       FOR SHARE
+), lease AS (
+    SELECT %(keep)s OR EXISTS (SELECT 1 FROM room_lease) AS held
 ), m AS (
     INSERT INTO runtime.memory (agent_id, id, room_id, entity_id, kind, content, source, in_reply_to)
     SELECT %(agent_id)s, r.id, %(room_id)s, %(agent_id)s, 'messages', r.content, %(source)s, %(turn_id)s

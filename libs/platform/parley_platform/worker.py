@@ -1,0 +1,406 @@
+"""Workers: how a service runs the scheduler's tasks.
+
+The scheduler owns *when* a task runs; a worker owns *what* runs. A service
+registers handlers by worker name and serves them with a ``WorkerHost``::
+
+    from parley_platform.worker import TaskFailed, TaskResult, WorkerHost, worker
+
+    @worker("BATCHER_DRAIN")
+    async def drain(task, lease):
+        drained = await drain_sections(task.agent_id, task.values)
+        if drained is None:
+            raise TaskFailed("model unavailable", retry_at=soon)
+        return TaskResult(next_interval_ms=500 if drained else 5000)
+
+    host = WorkerHost(bus, service="runtime")
+    await host.start()          # serves <ns>.tasks.run.BATCHER_DRAIN in the queue group `tasks`
+    ...
+    await host.stop()
+
+A handler receives the ``Task`` and its ``Lease`` and returns ``None`` or a
+``TaskResult``: ``next_interval_ms`` adapts a repeat task's interval,
+``preserve`` keeps the task exactly as it was (a one-shot is not deleted).
+Raising ``TaskFailed`` (optionally with ``retry_at``) or any other exception
+reports a failure; the scheduler applies its backoff and pause rules.
+
+While a handler runs, the host tells the dispatching scheduler every third of
+the lease that the run goes on, so long work keeps its lease. If the scheduler
+answers that the lease is lost (the task was deleted, or another attempt took
+it over), the handler is cancelled and nothing is reported: a late result would
+be rejected anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import nats.errors
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from google.protobuf.timestamp_pb2 import Timestamp
+from nats.aio.msg import Msg
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from parley.v1 import scheduler_pb2
+
+from .bus import Bus, Subjects
+from .errors import InvalidArgument, ParleyError
+from .logging import get_logger
+from .metrics import LATENCY_BUCKETS
+from .rpc import STATUS, RpcClient
+
+log = get_logger(__name__)
+
+QUEUE_GROUP = "tasks"
+PROBE_HEADER = "Parley-Probe"
+MAX_ERROR_CHARS = 2000
+
+
+def run_subject(subjects: Subjects, name: str) -> str:
+    """The subject a worker name is served on: ``<ns>.tasks.run.<name>``."""
+    return f"{subjects.ns}.tasks.run.{name}"
+
+
+def _when(ts: Timestamp) -> datetime | None:
+    if ts.seconds == 0 and ts.nanos == 0:
+        return None
+    return ts.ToDatetime(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Task:
+    """The task a handler runs (ids are strings; empty optional ids are None)."""
+
+    id: str
+    agent_id: str
+    name: str
+    description: str
+    tags: tuple[str, ...]
+    room_id: str | None
+    world_id: str | None
+    entity_id: str | None
+    values: dict[str, Any]
+    due_at: datetime | None
+    last_run_at: datetime | None
+    failure_count: int
+    update_interval_ms: float | None
+    proto: scheduler_pb2.Task = field(repr=False)
+
+    @property
+    def repeat(self) -> bool:
+        return "repeat" in self.tags
+
+    @classmethod
+    def from_proto(cls, task: scheduler_pb2.Task) -> Task:
+        meta = task.metadata
+        return cls(
+            id=task.id,
+            agent_id=task.agent_id,
+            name=task.name,
+            description=task.description,
+            tags=tuple(task.tags),
+            room_id=task.room_id or None,
+            world_id=task.world_id or None,
+            entity_id=task.entity_id or None,
+            values=json_format.MessageToDict(meta.values) if meta.HasField("values") else {},
+            due_at=_when(task.due_at),
+            last_run_at=_when(task.last_run_at),
+            failure_count=task.failure_count,
+            update_interval_ms=meta.update_interval_ms if meta.HasField("update_interval_ms") else None,
+            proto=task,
+        )
+
+
+@dataclass
+class Lease:
+    """The claim a run holds. ``attempt`` > 1 means an earlier attempt of this slot was lost
+    (it may or may not have run), so a handler with side effects should check before repeating them."""
+
+    token: int
+    owner: str
+    attempt: int
+    expires_at: datetime | None
+    deadline: datetime | None
+    _lost: bool = False
+
+    @property
+    def lost(self) -> bool:
+        return self._lost
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    next_interval_ms: float | None = None
+    preserve: bool = False
+
+
+class TaskFailed(Exception):
+    """The run failed; ``retry_at`` asks the scheduler not to run it again before then."""
+
+    def __init__(self, message: str, *, retry_at: datetime | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_at = retry_at
+
+
+Handler = Callable[[Task, Lease], Awaitable[TaskResult | None]]
+
+
+class Workers:
+    """Handlers by worker name. ``worker(name)`` registers into the default instance."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, Handler] = {}
+
+    def worker(self, name: str) -> Callable[[Handler], Handler]:
+        def register(handler: Handler) -> Handler:
+            self.add(name, handler)
+            return handler
+
+        return register
+
+    def add(self, name: str, handler: Handler) -> None:
+        if not name or any(c in name for c in ".*> \t\r\n"):
+            raise InvalidArgument(
+                f"worker name {name!r} cannot be a NATS subject token", code="WORKER_NAME_INVALID"
+            )
+        if name in self._handlers and self._handlers[name] is not handler:
+            raise InvalidArgument(f"worker {name!r} is registered twice", code="WORKER_DUPLICATE")
+        self._handlers[name] = handler
+
+    def get(self, name: str) -> Handler | None:
+        return self._handlers.get(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._handlers))
+
+    def __len__(self) -> int:
+        return len(self._handlers)
+
+
+WORKERS = Workers()
+
+
+def worker(name: str) -> Callable[[Handler], Handler]:
+    """Register a handler for the worker ``name`` in the default registry."""
+    return WORKERS.worker(name)
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.runs = Counter(
+            "parley_worker_runs_total",
+            "Task runs handled by this worker",
+            ["worker", "outcome"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "parley_worker_run_duration_seconds",
+            "Time a worker spent on one task run",
+            ["worker"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+
+
+class WorkerHost:
+    """Serves every registered worker name of a service on ``<ns>.tasks.run.<name>``."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        service: str,
+        workers: Workers | None = None,
+        concurrency: int = 64,
+        registry: CollectorRegistry | None = None,
+        announce_timeout: float = 2.0,
+    ) -> None:
+        self.bus = bus
+        self.service = service
+        self.workers = workers if workers is not None else WORKERS
+        self.metrics = WorkerMetrics(registry) if registry is not None else None
+        self.announce_timeout = announce_timeout
+        self._slots = asyncio.Semaphore(concurrency)
+        self._subs: list[Any] = []
+        self._runs: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        for name in self.workers:
+            subject = run_subject(self.bus.subjects, name)
+            self._subs.append(await self.bus.subscribe(subject, self._on_message, queue=QUEUE_GROUP))
+        if self._subs:
+            log.info("workers serving", service=self.service, workers=",".join(self.workers))
+            await self.announce()
+
+    async def announce(self) -> None:
+        """Tell the scheduler these workers exist, so orphaned tasks resume at once.
+
+        Best effort: the scheduler also finds workers by probing their subjects."""
+        client = RpcClient(self.bus)
+        for name in self.workers:
+            try:
+                await client.call(
+                    "scheduler",
+                    "RegisterWorker",
+                    scheduler_pb2.RegisterWorkerRequest(name=name, service=self.service),
+                    scheduler_pb2.RegisterWorkerResponse,
+                    timeout=self.announce_timeout,
+                )
+            except ParleyError as exc:
+                log.info("scheduler not told about worker", worker=name, error=exc.code)
+                return
+
+    async def _on_message(self, msg: Msg) -> None:
+        # Callbacks of one subscription run one at a time: start the run and return, so the
+        # heartbeat of a run waiting for a free slot starts at once too.
+        if (msg.headers or {}).get(PROBE_HEADER):
+            await self._respond(msg, b"", "ok")
+            return
+        run = asyncio.create_task(self._serve(msg))
+        self._runs.add(run)
+        run.add_done_callback(self._runs.discard)
+
+    async def _respond(self, msg: Msg, data: bytes, status: str) -> None:
+        if msg.reply:
+            with contextlib.suppress(nats.errors.Error):
+                await self.bus.nc.publish(msg.reply, data, headers={STATUS: status})
+
+    async def _serve(self, msg: Msg) -> None:
+        try:
+            request = scheduler_pb2.RunTaskRequest.FromString(msg.data)
+        except DecodeError:
+            error = InvalidArgument("the request is not a RunTaskRequest", code="INVALID_PAYLOAD")
+            await self._respond(msg, error.to_proto().SerializeToString(), "error")
+            return
+        name = request.task.name or msg.subject.rsplit(".", 1)[-1]
+        handler = self.workers.get(name)
+        if handler is None:
+            error = InvalidArgument(f"this service has no worker {name!r}", code="WORKER_UNKNOWN")
+            await self._respond(msg, error.to_proto().SerializeToString(), "error")
+            return
+        lease = Lease(
+            token=request.lease.token,
+            owner=request.lease.owner,
+            attempt=request.lease.attempt,
+            expires_at=_when(request.lease.expires_at),
+            deadline=_when(request.lease.deadline),
+        )
+        me = asyncio.current_task()
+        assert me is not None
+        # Most runs end long before their first heartbeat is due: a timer, not a task, until then.
+        beating: list[asyncio.Task[None]] = []
+        first_beat = None
+        if request.heartbeat_subject and request.lease_ms > 0:
+            first_beat = asyncio.get_running_loop().call_later(
+                request.lease_ms / 3000,
+                lambda: beating.append(asyncio.create_task(self._heartbeat(request, lease, me))),
+            )
+        started = time.perf_counter()
+        outcome = "succeeded"
+        response = scheduler_pb2.RunTaskResponse()
+        try:
+            async with self._slots:
+                result = await self._run(handler, Task.from_proto(request.task), lease)
+            if result is not None:
+                if result.next_interval_ms is not None:
+                    response.next_interval_ms = float(result.next_interval_ms)
+                response.preserve = result.preserve
+        except asyncio.CancelledError:
+            if not lease.lost:
+                raise
+            log.warning("task lease lost, run abandoned", worker=name, task_id=request.task.id)
+            if self.metrics:
+                self.metrics.runs.labels(name, "lost").inc()
+            return
+        except TaskFailed as exc:
+            outcome = "failed"
+            response.failed, response.error = True, _clip(exc.message)
+            if exc.retry_at is not None:
+                response.retry_at.FromDatetime(exc.retry_at.astimezone(UTC))
+        except TimeoutError:
+            outcome = "failed"
+            response.failed, response.error = True, "TASK_DEADLINE_EXCEEDED: the run did not finish in time"
+        except ParleyError as exc:
+            outcome = "failed"
+            response.failed, response.error = True, _clip(str(exc))
+        except Exception as exc:
+            outcome = "failed"
+            log.error(
+                "task handler crashed",
+                worker=name,
+                task_id=request.task.id,
+                error=type(exc).__name__,
+                trace=traceback.format_exc(limit=5),
+            )
+            response.failed, response.error = True, _clip(f"{type(exc).__name__}: {exc}")
+        finally:
+            if first_beat is not None:
+                first_beat.cancel()
+            for heartbeat in beating:
+                heartbeat.cancel()
+            if self.metrics:
+                self.metrics.duration.labels(name).observe(time.perf_counter() - started)
+        if self.metrics:
+            self.metrics.runs.labels(name, outcome).inc()
+        await self._respond(msg, response.SerializeToString(), "ok")
+
+    async def _run(self, handler: Handler, task: Task, lease: Lease) -> TaskResult | None:
+        if lease.deadline is None:
+            return await handler(task, lease)
+        remaining = (lease.deadline - datetime.now(UTC)).total_seconds()
+        if remaining <= 0:
+            raise TimeoutError
+        async with asyncio.timeout(remaining):
+            return await handler(task, lease)
+
+    async def _heartbeat(
+        self, request: scheduler_pb2.RunTaskRequest, lease: Lease, run: asyncio.Task[Any]
+    ) -> None:
+        """Every third of the lease (the first beat is due when this starts), until cancelled."""
+        period = request.lease_ms / 3000
+        beat = scheduler_pb2.TaskHeartbeat(task_id=request.task.id, lease_token=request.lease.token)
+        payload = beat.SerializeToString()
+        while True:
+            try:
+                reply = await self.bus.nc.request(request.heartbeat_subject, payload, timeout=period)
+                answer = scheduler_pb2.TaskHeartbeatResponse.FromString(reply.data)
+            except nats.errors.NoRespondersError:
+                # The dispatching scheduler is gone; its lease will expire and another attempt
+                # will run, so this one's result could not be recorded.
+                answer = scheduler_pb2.TaskHeartbeatResponse(held=False)
+            except (TimeoutError, nats.errors.Error, DecodeError):
+                await asyncio.sleep(period)
+                continue
+            if answer.HasField("expires_at"):
+                lease.expires_at = answer.expires_at.ToDatetime(tzinfo=UTC)
+            if not answer.held:
+                lease._lost = True
+                run.cancel()
+                return
+            await asyncio.sleep(period)
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Stop taking runs, let running ones finish for up to ``timeout``, then cancel them
+        (unanswered, so the scheduler counts them as uncertain and runs them again)."""
+        subs, self._subs = self._subs, []
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*(sub.drain() for sub in subs), return_exceptions=True)
+        if self._runs:
+            _, pending = await asyncio.wait(set(self._runs), timeout=timeout)
+            for run in pending:
+                run.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=1)
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"

@@ -1,0 +1,170 @@
+"""What stands between callers and a provider: a concurrency limit with a bounded queue, retries
+with backoff and jitter, and a circuit breaker. All of it is per provider and in-process; the
+token budget, which must hold across replicas, lives in PostgreSQL (see ``store.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TypeVar
+
+from parley_platform.errors import DeadlineExceeded, ParleyError, ResourceExhausted, Unavailable
+
+from .provider import ProviderRateLimited
+
+T = TypeVar("T")
+
+
+class Limiter:
+    """At most ``limit`` calls at once; up to ``queue_limit`` more wait their turn, the rest are refused."""
+
+    def __init__(self, provider: str, limit: int, queue_limit: int) -> None:
+        self.provider = provider
+        self.limit = limit
+        self.queue_limit = queue_limit
+        self._slots = asyncio.Semaphore(limit)
+        self.inflight = 0
+        self.queued = 0
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        if self._slots.locked():
+            if self.queued >= self.queue_limit:
+                raise ResourceExhausted(
+                    f"provider {self.provider} is busy: {self.inflight} calls running, {self.queued} queued",
+                    code="PROVIDER_BUSY",
+                    hint="retry later, or raise PARLEY_PROVIDER_CONCURRENCY / PARLEY_PROVIDER_QUEUE_LIMIT",
+                )
+            self.queued += 1
+            try:
+                await self._slots.acquire()
+            finally:
+                self.queued -= 1
+        else:
+            await self._slots.acquire()
+        self.inflight += 1
+        try:
+            yield
+        finally:
+            self.inflight -= 1
+            self._slots.release()
+
+
+class CircuitBreaker:
+    """Closed → open after ``threshold`` consecutive provider failures; open refuses calls for
+    ``reset_seconds``; then half-open lets one trial call through, whose outcome closes or reopens it."""
+
+    def __init__(
+        self, provider: str, threshold: int, reset_seconds: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.provider = provider
+        self.threshold = threshold
+        self.reset_seconds = reset_seconds
+        self.clock = clock
+        self.failures = 0
+        self.opened_at: float | None = None
+        self._trial = False
+
+    @property
+    def state(self) -> str:
+        if self.opened_at is None:
+            return "closed"
+        if self.clock() - self.opened_at >= self.reset_seconds:
+            return "half_open"
+        return "open"
+
+    def admit(self) -> None:
+        state = self.state
+        if state == "closed":
+            return
+        if state == "half_open" and not self._trial:
+            self._trial = True
+            return
+        assert self.opened_at is not None
+        wait = max(0.0, self.reset_seconds - (self.clock() - self.opened_at))
+        raise Unavailable(
+            f"provider {self.provider} is failing; its circuit is open",
+            code="CIRCUIT_OPEN",
+            hint=f"the gateway tries it again in {wait:.1f}s; see `parley models list`",
+        )
+
+    def success(self) -> None:
+        self.failures = 0
+        self.opened_at = None
+        self._trial = False
+
+    def failure(self) -> None:
+        self.failures += 1
+        if self._trial or self.failures >= self.threshold:
+            self.opened_at = self.clock()
+        self._trial = False
+
+    def release(self) -> None:
+        """The call ended without saying anything about the provider (cancelled, the caller's fault)."""
+        self._trial = False
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 3  # in all, the first included
+    base_delay: float = 0.2
+    max_delay: float = 5.0
+
+    def delay(self, attempt: int, error: ParleyError, rng: random.Random) -> float:
+        """Full jitter on an exponential ceiling; a provider's Retry-After is a floor."""
+        ceiling = min(self.max_delay, self.base_delay * (2 ** (attempt - 1)))
+        wait = rng.uniform(0, ceiling)
+        if isinstance(error, ProviderRateLimited) and error.retry_after is not None:
+            wait = max(wait, error.retry_after)
+        return wait
+
+
+def counts_against_provider(error: BaseException) -> bool:
+    """Failures that say the provider is unwell (not the caller's bad input, not the queue)."""
+    return isinstance(error, ParleyError) and error.retryable and error.code != "PROVIDER_BUSY"
+
+
+async def with_retries(
+    call: Callable[[float], Awaitable[T]],
+    *,
+    policy: RetryPolicy,
+    deadline: float,
+    breaker: CircuitBreaker,
+    rng: random.Random,
+    on_retry: Callable[[ParleyError], None] = lambda _e: None,
+) -> T:
+    """Run ``call(remaining_seconds)`` through the breaker, retrying retryable failures until the
+    attempts or the caller's deadline (a ``time.monotonic()`` value) run out."""
+    attempt = 0
+    while True:
+        attempt += 1
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise DeadlineExceeded(
+                "the caller's deadline passed before the provider answered", code="DEADLINE_EXCEEDED"
+            )
+        breaker.admit()
+        try:
+            result = await call(remaining)
+        except ParleyError as exc:
+            if counts_against_provider(exc):
+                breaker.failure()
+            else:
+                breaker.release()
+            if not exc.retryable or attempt >= policy.attempts:
+                raise
+            wait = policy.delay(attempt, exc, rng)
+            if time.monotonic() + wait >= deadline:
+                raise
+            on_retry(exc)
+            await asyncio.sleep(wait)
+            continue
+        except BaseException:
+            breaker.release()
+            raise
+        breaker.success()
+        return result

@@ -1,0 +1,119 @@
+"""Pairing through the runtime: an unknown sender's DM gets the pairing code once and no model
+call; after `parley pairing approve` the next message gets a real answer; with the pairing
+service down the runtime fails closed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from parley.v1 import runtime_pb2
+from parley_platform.bus import Bus
+from parley_platform.testing import eventually
+from support import ROOT, SessionEnv, Suite, inbound, inbound_settled, publish_inbound, replies_to
+
+PARLEY = str(Path(sys.executable).parent / "parley")
+
+
+class Flow:
+    def __init__(self, suite: Suite, bus: Bus, agent_id: str) -> None:
+        self.suite = suite
+        self.bus = bus
+        self.agent_id = agent_id
+
+    def large_model_calls(self) -> float:
+        assert self.suite.gateway is not None
+        port = self.suite.gateway.env["PARLEY_GATEWAY_METRICS_PORT"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        pattern = r'^parley_model_requests_total\{[^}]*model_type="TEXT_LARGE"[^}]*\} ([0-9.e+]+)$'
+        return sum(float(v) for v in re.findall(pattern, text, re.M))
+
+    async def dm(self, sender: str, text: str) -> runtime_pb2.InboundMessage:
+        message = inbound(
+            text, agent_id=self.agent_id, sender=sender, channel=f"dm-{sender}", source="discord"
+        )
+        await publish_inbound(self.bus, message)
+        return message
+
+
+@pytest.fixture(scope="module")
+async def flow(test_env: SessionEnv, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Flow]:
+    root = tmp_path_factory.mktemp("pairing-flow")
+    characters = root / "characters"
+    characters.mkdir()
+    character = yaml.safe_load((ROOT / "characters" / "default.yaml").read_text())
+    character["name"] = "guarded"
+    character["settings"] = {"DM_POLICY": "pairing"}
+    (characters / "guarded.yaml").write_text(yaml.safe_dump(character))
+    suite = Suite(test_env, root / "logs", f"p{secrets.token_hex(4)}")
+    await suite.start(runtimes=0)
+    await suite.add_service("parley_pairing", "PAIRING")
+    await suite.add_runtime(PARLEY_CHARACTERS_DIR=str(characters))
+    bus = await suite.connect()
+    agent_id = str(uuid.uuid5(uuid.UUID("6f1f3f3e-6a0c-5b8e-9a57-5061726c6579"), "agent:guarded"))
+    try:
+        yield Flow(suite, bus, agent_id)
+    finally:
+        await bus.close()
+        suite.stop()
+
+
+async def test_unknown_sender_gets_the_code_once_then_is_served_after_approval(flow: Flow) -> None:
+    calls = flow.large_model_calls()
+    sender = f"stranger{secrets.token_hex(3)}"
+    first = await flow.dm(sender, "hello?")
+    [challenge] = await eventually(lambda: replies_to(flow.bus, first), timeout=20, what="the pairing reply")
+    code = re.search(r"parley pairing approve discord ([A-Z0-9]{8}) --agent guarded", challenge.text)
+    assert code is not None, challenge.text
+    again = [await flow.dm(sender, f"anyone there {i}?") for i in range(3)]
+    await eventually(lambda: inbound_settled(flow.bus), timeout=20, what="the follow-ups handled")
+    for message in again:
+        assert await replies_to(flow.bus, message) == []
+    assert flow.large_model_calls() == calls
+
+    pairing = flow.suite.others[0]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PARLEY_")}
+    env.update(
+        PARLEY_PAIRING_ADDR=f"127.0.0.1:{pairing.grpc_port}",
+        PARLEY_OPERATOR_TOKEN=flow.suite.env.token,
+        PARLEY_RUNTIME_ADDR=f"127.0.0.1:{flow.suite.runtime.grpc_port}",
+    )
+    approved = await asyncio.to_thread(
+        subprocess.run,
+        [PARLEY, "pairing", "approve", "discord", code.group(1).lower(), "--agent", "guarded"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert approved.returncode == 0, approved.stderr
+
+    served = await flow.dm(sender, "now?")
+    [reply] = await eventually(lambda: replies_to(flow.bus, served), timeout=20, what="a real answer")
+    assert reply.text == "You said: now?"
+    assert flow.large_model_calls() == calls + 1
+
+
+async def test_pairing_service_down_fails_closed(flow: Flow) -> None:
+    pairing = flow.suite.others[0]
+    pairing.stop()
+    calls = flow.large_model_calls()
+    message = await flow.dm(f"late{secrets.token_hex(3)}", "let me in")
+    [reply] = await eventually(
+        lambda: replies_to(flow.bus, message), timeout=30, what="the unavailable reply"
+    )
+    assert "temporarily unavailable" in reply.text
+    assert flow.large_model_calls() == calls
