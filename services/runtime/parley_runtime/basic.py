@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .actions import _json_object
+from .agent_settings import setting_bool
 from .context import TurnContext
 from .plugin import (
     Action,
@@ -138,8 +139,15 @@ Answer with one JSON object only:
 """
 
 
+REFLECTION_MIN_WORDS = 4
+
+
 async def _should_reflect(ctx: TurnContext) -> bool:
-    return bool(ctx.message.text.strip()) and not ctx.is_autonomous
+    """Reflect on messages that can carry a fact (not greetings or one-word answers), unless the
+    character turns it off with REFLECTION: false; each reflection is a model call."""
+    enabled = setting_bool(ctx.services.get_setting("REFLECTION"))
+    words = len(ctx.message.text.split())
+    return enabled is not False and words >= REFLECTION_MIN_WORDS and not ctx.is_autonomous
 
 
 async def _reflect(ctx: TurnContext) -> ActionResult:
