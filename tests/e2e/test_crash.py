@@ -29,7 +29,10 @@ async def test_runtime_killed_mid_turn_answers_exactly_once(isolated_suite: Suit
 
         await eventually(lambda: inbound_settled(bus), timeout=20, what="the redelivery acked")
         assert len(await replies_to(bus, message)) == 1
-        assert turn_of(suite.env.database_url, message) == ("replied", 2)
+        turn = turn_of(suite.env.database_url, message)
+        assert turn is not None
+        assert turn[0] == "replied"
+        assert turn[1] >= 2  # redelivered after the kill (more if a loaded machine let ack_wait pass)
     finally:
         await bus.close()
 

@@ -42,7 +42,8 @@ async def test_lists_agents_rooms_and_memories(suite: Suite, channel: grpc.aio.C
         timeout=30,
     )
     agents = await stub.ListAgents(runtime_pb2.ListAgentsRequest(), metadata=auth(suite), timeout=10)
-    assert [(a.name, a.id) for a in agents.agents] == [("default", DEFAULT_AGENT_ID)]
+    # Other test modules add agents to the session's database; `default` is always there.
+    assert ("default", DEFAULT_AGENT_ID) in [(a.name, a.id) for a in agents.agents]
     assert agents.page.limit == 50
     assert not agents.page.has_more
     assert not agents.page.HasField("next_offset")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -20,6 +21,7 @@ from parley_platform.metrics import MessagingMetrics, MetricsServer, serve
 from parley_platform.postgres import Database, migrate
 from parley_platform.rpc import RpcClient, RpcServer
 from parley_platform.service import grpc_binding, register_nats
+from parley_platform.worker import WorkerHost
 
 from .agent_settings import trajectory_logging_enabled
 from .agents import AgentDirectory
@@ -28,6 +30,7 @@ from .character import load_characters
 from .config import RuntimeSettings
 from .secrets import SecretBox, check_salt
 from .store import MIGRATIONS_DIR, SCHEMA, RuntimeStore
+from .tasks import cancel, runtime_workers, spawn_ensure_tasks
 from .turn import TurnMetrics, TurnProcessor, TurnSettings
 
 log = get_logger(__name__)
@@ -43,6 +46,8 @@ class RuntimeApp:
         self.metrics_server: MetricsServer | None = None
         self.consumer: PullConsumer | None = None
         self.turns: TurnProcessor | None = None
+        self.workers: WorkerHost | None = None
+        self.ensure_tasks: asyncio.Task[None] | None = None
         self.rpc_server: RpcServer | None = None
         self.bus: Bus | None = None
         self.db: Database | None = None
@@ -144,6 +149,16 @@ class RuntimeApp:
             metrics=messaging,
         )
         await self.consumer.start()
+        self.workers = WorkerHost(
+            self.bus,
+            service=SERVICE,
+            workers=runtime_workers(self.store, self.turns.embed),
+            registry=self.registry,
+        )
+        await self.workers.start()
+        self.ensure_tasks = spawn_ensure_tasks(
+            RpcClient(self.bus), [a.id for a in self.directory.agents.values()]
+        )
         self.metrics_server = serve(
             self.registry, s.metrics_host, s.runtime_metrics_port, port_setting="PARLEY_RUNTIME_METRICS_PORT"
         )
@@ -159,6 +174,9 @@ class RuntimeApp:
         steps: list[tuple[str, Callable[[], Awaitable[object]]]] = []
         if self.consumer:
             steps.append(("consumer", partial(self.consumer.stop, timeout)))
+        steps.append(("runtime tasks", partial(cancel, self.ensure_tasks)))
+        if self.workers:
+            steps.append(("workers", partial(self.workers.stop, timeout)))
         if self.turns:
             steps.append(("evaluators", partial(self.turns.drain, 5)))
         if self.grpc:

@@ -336,3 +336,8 @@ class RuntimeStore:
 
     async def get_turn(self, agent_id: uuid.UUID, turn_id: uuid.UUID) -> Row | None:
         return await self.db.fetchone(Q["get_turn"], {"agent_id": agent_id, "id": turn_id}, what="get turn")
+
+    async def missing_embeddings(self, agent_id: uuid.UUID, limit: int) -> list[Row]:
+        return await self.db.fetchall(
+            Q["missing_embeddings"], {"agent_id": agent_id, "limit": limit}, what="missing embeddings"
+        )

@@ -301,3 +301,11 @@ SELECT id, room_id, stream_seq, state, reason, lease_token, attempts, response_i
        received_at, started_at, finished_at
   FROM runtime.turn
  WHERE agent_id = %(agent_id)s AND id = %(id)s;
+
+-- missing_embeddings --
+-- Messages and facts stored while the embedding model could not be reached.
+SELECT id, content ->> 'text' AS text FROM runtime.memory
+ WHERE agent_id = %(agent_id)s AND embedding IS NULL AND kind IN ('messages', 'facts')
+   AND coalesce(content ->> 'text', '') <> ''
+ ORDER BY created_at DESC
+ LIMIT %(limit)s;

@@ -1,0 +1,103 @@
+"""The runtime's own scheduled work, run by the scheduler through the worker library.
+
+EMBED_BACKFILL: every agent has a repeating task that embeds the messages and facts stored
+while the embedding model could not be reached (embeddings are made after the reply, so a
+gateway outage leaves gaps that memory search would otherwise never see).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+
+from parley.v1 import scheduler_pb2
+from parley_platform.errors import Conflict, ParleyError
+from parley_platform.logging import get_logger
+from parley_platform.rpc import RpcClient
+from parley_platform.worker import Lease, Task, TaskResult, Workers
+
+from .store import RuntimeStore
+
+log = get_logger(__name__)
+
+EMBED_BACKFILL = "RUNTIME_EMBED_BACKFILL"
+BACKFILL_BATCH = 64
+BACKFILL_INTERVAL_MS = 60_000
+BUSY_INTERVAL_MS = 1_000
+
+
+def task_id(agent_id: uuid.UUID) -> uuid.UUID:
+    """One backfill task per agent, whichever replica creates it first."""
+    return uuid.uuid5(agent_id, f"task:{EMBED_BACKFILL}")
+
+
+def runtime_workers(
+    store: RuntimeStore, embed: Callable[[Sequence[str], uuid.UUID], Awaitable[list[list[float]]]]
+) -> Workers:
+    workers = Workers()
+
+    @workers.worker(EMBED_BACKFILL)
+    async def backfill(task: Task, lease: Lease) -> TaskResult:
+        agent_id = uuid.UUID(task.agent_id)
+        rows = await store.missing_embeddings(agent_id, BACKFILL_BATCH)
+        if rows:
+            vectors = await embed([r["text"] for r in rows], agent_id)
+            for row, vector in zip(rows, vectors, strict=True):
+                await store.set_embedding(agent_id, row["id"], vector)
+        # A full batch means there may be more: come back soon; otherwise at the usual pace.
+        return TaskResult(
+            next_interval_ms=BUSY_INTERVAL_MS if len(rows) == BACKFILL_BATCH else BACKFILL_INTERVAL_MS
+        )
+
+    return workers
+
+
+async def ensure_tasks(
+    rpc: RpcClient, agent_ids: Sequence[uuid.UUID], *, retry_seconds: float = 10.0
+) -> None:
+    """Create each agent's backfill task once; keep trying while the scheduler is not up yet."""
+    pending = list(agent_ids)
+    while pending:
+        agent_id = pending[0]
+        spec = scheduler_pb2.TaskSpec(
+            id=str(task_id(agent_id)),
+            agent_id=str(agent_id),
+            name=EMBED_BACKFILL,
+            description="embed messages and facts stored without an embedding",
+            tags=["queue", "repeat"],
+            metadata=scheduler_pb2.TaskMetadata(
+                update_interval_ms=BACKFILL_INTERVAL_MS, base_interval_ms=BACKFILL_INTERVAL_MS, max_failures=0
+            ),
+        )
+        try:
+            await rpc.call(
+                "scheduler",
+                "CreateTask",
+                scheduler_pb2.CreateTaskRequest(task=spec),
+                scheduler_pb2.CreateTaskResponse,
+                timeout=5,
+            )
+        except Conflict:
+            pass  # another replica, or an earlier start, created it
+        except ParleyError as exc:
+            log.info(
+                "runtime task not created yet", task=EMBED_BACKFILL, agent_id=str(agent_id), error=exc.code
+            )
+            await asyncio.sleep(retry_seconds)
+            continue
+        pending.pop(0)
+
+
+def spawn_ensure_tasks(rpc: RpcClient, agent_ids: Sequence[uuid.UUID]) -> asyncio.Task[None]:
+    task = asyncio.create_task(ensure_tasks(rpc, agent_ids), name="ensure-runtime-tasks")
+    task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
+    return task
+
+
+async def cancel(task: asyncio.Task[None] | None) -> None:
+    if task is not None and not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
