@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import subprocess
 import sys
 import urllib.request
@@ -39,6 +40,11 @@ RULES = {
 }
 
 
+# A namespace of its own: the session's namespace has the shared suite's gateway in the same
+# queue group, which would answer some of these requests with other rules.
+GATEWAY_NAMESPACE = f"g{secrets.token_hex(4)}"
+
+
 def gateway(env: SessionEnv, logs: Path, namespace: str, **extra: str) -> ServiceProcess:
     port = free_port()
     rules = logs / "gateway-rules.yaml"
@@ -61,7 +67,7 @@ async def gw(test_env: SessionEnv, tmp_path_factory: pytest.TempPathFactory) -> 
     process = gateway(
         test_env,
         tmp_path_factory.mktemp("gateway"),
-        test_env.namespace,
+        GATEWAY_NAMESPACE,
         PROMPT_BATCHER_MAX_DRAIN_INTERVAL_MS="300",
     ).start()
     try:
@@ -79,7 +85,7 @@ async def stub(gw: ServiceProcess) -> AsyncIterator[model_pb2_grpc.ModelGatewayS
 
 @pytest.fixture
 async def nats(test_env: SessionEnv) -> AsyncIterator[Bus]:
-    bus = await Bus.connect(test_env.nats_url, name="gateway-tests", namespace=test_env.namespace)
+    bus = await Bus.connect(test_env.nats_url, name="gateway-tests", namespace=GATEWAY_NAMESPACE)
     try:
         yield bus
     finally:
@@ -264,7 +270,7 @@ async def test_budget_holds_under_64_concurrent_callers(
     )
     assert budget.limit_tokens == 1140
     buses = await asyncio.gather(
-        *(Bus.connect(test_env.nats_url, name=f"racer-{i}", namespace=test_env.namespace) for i in range(64))
+        *(Bus.connect(test_env.nats_url, name=f"racer-{i}", namespace=GATEWAY_NAMESPACE) for i in range(64))
     )
     try:
         outcomes = await asyncio.gather(
@@ -410,7 +416,7 @@ async def test_sections_from_several_replicas_share_one_call(
 ) -> None:
     """Two runtime replicas (separate NATS connections) register sections; one drain packs them together."""
     buses = [
-        await Bus.connect(test_env.nats_url, name=f"replica-{i}", namespace=test_env.namespace)
+        await Bus.connect(test_env.nats_url, name=f"replica-{i}", namespace=GATEWAY_NAMESPACE)
         for i in range(2)
     ]
     clients = [BatcherClient(bus, "agent-shared", timeout=10) for bus in buses]
@@ -441,7 +447,7 @@ async def test_sections_from_several_replicas_share_one_call(
 async def test_invalid_batcher_knob_refuses_to_start(
     test_env: SessionEnv, tmp_path: Path, key: str, value: str
 ) -> None:
-    process = gateway(test_env, tmp_path, test_env.namespace, **{key: value}).start()
+    process = gateway(test_env, tmp_path, GATEWAY_NAMESPACE, **{key: value}).start()
     try:
         assert process.process is not None
         code = await asyncio.to_thread(process.process.wait, 30)

@@ -61,24 +61,28 @@ ODD = st.sampled_from(
     ]
 )
 HUGE = st.sampled_from([MAX_TEXT_BYTES, MAX_TEXT_BYTES + 1, 70_000]).map(lambda n: "x" * n)
-NO_NUL = st.characters(exclude_characters="\x00")
-STRINGS = st.one_of(st.text(max_size=40), ODD, HUGE)
+# Protobuf strings are UTF-8: no lone surrogates.
+UTF8 = st.characters(codec="utf-8")
+NO_NUL = st.characters(codec="utf-8", exclude_characters="\x00")
+STRINGS = st.one_of(st.text(UTF8, max_size=40), ODD, HUGE)
 IDS = st.one_of(st.from_regex(r"[a-z0-9]{1,16}", fullmatch=True), st.uuids().map(str), STRINGS)
-SOURCES = st.one_of(st.from_regex(r"[A-Za-z0-9_-]{1,64}", fullmatch=True), st.just("fuzz"), STRINGS)
+# Valid sources start with "fz": no fuzzed turn lands in a room another test uses.
+VALID_SOURCES = st.from_regex(r"[A-Za-z0-9_-]{1,62}", fullmatch=True).map(lambda s: f"fz{s}")
+SOURCES = st.one_of(VALID_SOURCES, st.just("fuzz"), STRINGS)
 AGENT_IDS = st.one_of(st.just(DEFAULT_AGENT_ID), st.just(""), st.uuids().map(str), STRINGS)
 ROLES = st.sampled_from(["OWNER", "admin", "Member", "guest", "NONE", "ROOT", "", " "])
 METADATA = st.dictionaries(
-    st.one_of(st.sampled_from(["sender_role", "is_autonomous"]), st.text(max_size=12)),
-    st.one_of(ROLES, st.sampled_from(["true", "1", "no"]), st.text(max_size=20)),
+    st.one_of(st.sampled_from(["sender_role", "is_autonomous"]), st.text(UTF8, max_size=12)),
+    st.one_of(ROLES, st.sampled_from(["true", "1", "no"]), st.text(UTF8, max_size=20)),
     max_size=4,
 )
 ATTACHMENTS = st.lists(
     st.builds(
         runtime_pb2.Attachment,
-        id=st.text(max_size=10),
-        url=st.text(max_size=30),
+        id=st.text(UTF8, max_size=10),
+        url=st.text(UTF8, max_size=30),
         title=STRINGS,
-        content_type=st.text(max_size=20),
+        content_type=st.text(UTF8, max_size=20),
         text=STRINGS,
     ),
     max_size=3,
@@ -113,17 +117,17 @@ def messages(draw: st.DrawFn) -> runtime_pb2.InboundMessage:
 def plausible(draw: st.DrawFn) -> runtime_pb2.InboundMessage:
     """A message that usually passes decode_inbound, with random content: any text, names,
     metadata, attachments, room types; ids that are any non-blank text."""
-    some = st.text(min_size=1, max_size=40).filter(str.strip)
+    some = st.text(UTF8, min_size=1, max_size=40).filter(str.strip)
     message = runtime_pb2.InboundMessage(
         agent_id=draw(st.sampled_from([DEFAULT_AGENT_ID, ""])),
-        source=draw(st.one_of(st.just("fuzz"), st.from_regex(r"[A-Za-z0-9_-]{1,64}", fullmatch=True))),
+        source=draw(st.one_of(st.just("fuzz"), VALID_SOURCES)),
         message_id=draw(some),
         sender_id=draw(some),
-        sender_name=draw(st.text(max_size=40)),
-        sender_username=draw(st.text(max_size=20)),
+        sender_name=draw(st.text(UTF8, max_size=40)),
+        sender_username=draw(st.text(UTF8, max_size=20)),
         channel_id=draw(st.one_of(some, st.sampled_from(["fuzz-a", "fuzz-b"]))),
         world_id=draw(st.one_of(st.just(""), some)),
-        text=draw(st.one_of(st.text(max_size=300), ODD)),
+        text=draw(st.one_of(st.text(UTF8, max_size=300), ODD)),
         in_reply_to=draw(st.one_of(st.just(""), some, st.uuids().map(str))),
         mentions_agent=draw(st.booleans()),
         metadata=draw(METADATA),
@@ -320,7 +324,7 @@ async def test_fuzzed_inbound_payloads_are_dead_lettered_and_the_consumer_keeps_
                 timeout=10,
             )
             sequences.append(ack.seq)
-        survivor = inbound("still there?", source="fuzz", channel="fuzz-survivor")
+        survivor = inbound("still there?", source="fuzz", channel=f"fuzz-survivor-{tag}")
         await bus.publish(
             bus.subjects.inbound(survivor.agent_id), survivor.SerializeToString(), msg_id=f"fuzz-{tag}-last"
         )

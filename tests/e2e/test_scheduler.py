@@ -1015,6 +1015,19 @@ async def test_ten_thousand_one_shots_survive_sigkill_of_a_scheduler_and_a_worke
 
     await eventually(under_way, timeout=30, interval=0.01, what="the tasks to be under way")
     victim_scheduler, victim_worker = sched.schedulers[0], sched.workers[0]
+
+    async def victim_holds_leases() -> bool:
+        # Replica names end in -<pid>-<hex>: kill the scheduler while it holds runs in flight, so the
+        # crash path is exercised however the load on the machine shifted the timing.
+        async with await psycopg.AsyncConnection.connect(api.database_url) as conn:
+            cur = await conn.execute(
+                "SELECT count(*) FROM scheduler.task WHERE lease_owner LIKE %s",
+                (f"%-{victim_scheduler.pid}-%",),
+            )
+            row = await cur.fetchone()
+        return bool(row and row[0] > 0)
+
+    await eventually(victim_holds_leases, timeout=30, interval=0.01, what="the victim to hold leases")
     async with await psycopg.AsyncConnection.connect(api.database_url) as conn:
         cur = await conn.execute(
             "SELECT lease_owner, count(*) FROM scheduler.task WHERE lease_owner IS NOT NULL GROUP BY 1"
