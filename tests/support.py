@@ -116,7 +116,7 @@ def inbound(
     text: str,
     *,
     message_id: str | None = None,
-    channel: str = "e2e",
+    channel: str | None = None,
     source: str = "e2e",
     sender: str = "alice",
     agent_id: str = DEFAULT_AGENT_ID,
@@ -128,7 +128,9 @@ def inbound(
         message_id=message_id or uuid.uuid4().hex,
         sender_id=sender,
         sender_name=sender.title(),
-        channel_id=channel,
+        # A room of its own by default: rooms are shared by every stream of the session's database,
+        # and the turn lease orders messages by stream sequence (see the runtime issue's note).
+        channel_id=channel or f"e2e-{uuid.uuid4().hex[:8]}",
         room_type=room_type,  # type: ignore[arg-type]
         text=text,
     )

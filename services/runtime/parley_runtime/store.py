@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from parley_platform.postgres import Database, Row, load_queries
@@ -57,7 +58,14 @@ class RuntimeStore:
         )
 
     async def ingest(self, params: dict[str, Any]) -> Ingested:
-        row = await self.db.fetchone(Q["ingest"], params, what="ingest message")
+        """The ingest statement under the room's transaction-scoped advisory lock (one pipeline)."""
+        async with self.db.connection("ingest message") as conn, conn.pipeline(), conn.transaction():
+            await conn.execute(
+                Q["lock_room"], {"lock_key": f"{params['agent_id']}:{params['room_id']}"}, prepare=True
+            )
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(Q["ingest"], params, prepare=True)
+            row = await cur.fetchone()
         assert row is not None
         return Ingested(
             state=row["state"],

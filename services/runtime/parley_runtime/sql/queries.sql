@@ -19,13 +19,19 @@ SELECT id, name, enabled, character, created_at
  ORDER BY name, id
  LIMIT %(limit)s OFFSET %(offset)s;
 
+-- lock_room --
+SELECT pg_advisory_xact_lock(hashtextextended(%(lock_key)s, 0));
+
 -- ingest --
 -- One round trip per inbound message: upsert the world, entity, room and
 -- participant, store the message once, take the room's turn lease and record
 -- the turn. The lease orders messages by the stream sequence at which each was
 -- first seen: a message older than the room's newest does not get it (it is
 -- superseded), and a copy of a message (republished or redelivered) takes it
--- over from its earlier copy. A finished turn takes nothing.
+-- over from its earlier copy. A finished turn takes nothing. It runs after lock_room in the
+-- same transaction, so ingests of one room are serial and each sees the ones before it: a copy
+-- never races its own message, and a copy that finds the room taken by a newer message
+-- supersedes the turn (its first holder may have died).
 WITH prev AS (
     SELECT stream_seq, state, response_id FROM runtime.turn WHERE agent_id = %(agent_id)s AND id = %(memory_id)s
 ), msg AS (
@@ -76,14 +82,8 @@ WITH prev AS (
        SET attempts = turn.attempts + 1,
            lease_token = coalesce(excluded.lease_token, turn.lease_token),
            started_at = coalesce(excluded.started_at, turn.started_at),
-           state = CASE WHEN excluded.lease_token IS NULL AND (SELECT rs.turn_seq FROM runtime.room rs
-                                                               WHERE rs.agent_id = %(agent_id)s
-                                                                 AND rs.id = %(room_id)s) > excluded.stream_seq
-                        THEN 'superseded' ELSE turn.state END,
-           finished_at = CASE WHEN excluded.lease_token IS NULL AND (SELECT rs.turn_seq FROM runtime.room rs
-                                                                     WHERE rs.agent_id = %(agent_id)s
-                                                                       AND rs.id = %(room_id)s) > excluded.stream_seq
-                              THEN clock_timestamp() ELSE turn.finished_at END
+           state = CASE WHEN excluded.lease_token IS NULL THEN 'superseded' ELSE turn.state END,
+           finished_at = CASE WHEN excluded.lease_token IS NULL THEN clock_timestamp() ELSE turn.finished_at END
      WHERE turn.state IN ('received', 'running')
     RETURNING state, attempts, response_id
 )
