@@ -494,9 +494,13 @@ async def test_orphaned_task_is_paused_then_resumes_when_its_worker_registers(
     current = await api.get(task.id)
     assert current is not None
     assert (current.status, current.pause_reason) == (scheduler_pb2.TASK_STATUS_PAUSED, "no_worker")
-    failed = await api.get(one_shot.id)
-    assert failed is not None
-    assert failed.status == scheduler_pb2.TASK_STATUS_FAILED
+
+    async def one_shot_failed() -> scheduler_pb2.Task | None:
+        # Its own claim may come a moment after the repeat task's: wait for it too.
+        found = await api.get(one_shot.id)
+        return found if found is not None and found.status == scheduler_pb2.TASK_STATUS_FAILED else None
+
+    failed = await eventually(one_shot_failed, timeout=10, what="the one-shot to fail for want of a worker")
     assert "no worker serves 'LATE'" in failed.last_error
 
     late = sched.worker("LATE")
