@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 
 from parley_runtime.context import TurnContext
-from parley_runtime.plugin import Action, ActionResult, Callback, Plugin
+from parley_runtime.plugin import Action, ActionResult, Callback, Parameter, Plugin
 
 DSN_SETTING = "EFFECT_LOG_DSN"
 # Milliseconds the effect takes, half before the row is written and half after: a wider window
@@ -62,6 +62,14 @@ effects_plugin = Plugin(
             _record_effect,
             similes=("RECORD",),
             tags=frozenset({"capability:test"}),
+        ),
+        # The same effect, behind a person's confirmation (tests/e2e/test_confirmations.py).
+        Action(
+            "LAUNCH_ROCKET",
+            "Launch the rocket: it cannot be undone, so a person confirms it first.",
+            _record_effect,
+            tags=frozenset({"confirm", "capability:test"}),
+            parameters=(Parameter("target", "where to", schema={"type": "string"}),),
         ),
     ),
 )

@@ -28,6 +28,7 @@ from .agents import AgentDirectory
 from .api import API_SOURCE, ReplyWaiters, RuntimeApi
 from .character import load_characters
 from .config import RuntimeSettings
+from .confirmations import CLAIMED, SETTLED
 from .secrets import SecretBox, check_salt
 from .store import MIGRATIONS_DIR, SCHEMA, RuntimeStore
 from .tasks import cancel, runtime_workers, spawn_ensure_tasks
@@ -45,6 +46,7 @@ class RuntimeApp:
         self.grpc: GrpcServer | None = None
         self.metrics_server: MetricsServer | None = None
         self.consumer: PullConsumer | None = None
+        self.event_consumers: list[PullConsumer] = []
         self.turns: TurnProcessor | None = None
         self.workers: WorkerHost | None = None
         self.ensure_tasks: asyncio.Task[None] | None = None
@@ -149,6 +151,24 @@ class RuntimeApp:
             metrics=messaging,
         )
         await self.consumer.start()
+        # Approved actions run, and confirmed conversations continue, on whichever replica
+        # receives authz's event (confirmations.py).
+        for event_type in (CLAIMED, SETTLED):
+            events = PullConsumer(
+                self.bus,
+                ConsumerSpec(
+                    stream=subjects.stream("EVENTS"),
+                    durable=f"runtime-{event_type.lower().replace('_', '-')}",
+                    filter_subject=subjects.events("*", event_type),
+                    ack_wait_seconds=s.ack_wait_seconds,
+                    max_deliver=s.max_deliver,
+                ),
+                self.turns.confirmations.on_event,
+                concurrency=16,
+                metrics=messaging,
+            )
+            await events.start()
+            self.event_consumers.append(events)
         self.workers = WorkerHost(
             self.bus,
             service=SERVICE,
@@ -174,6 +194,8 @@ class RuntimeApp:
         steps: list[tuple[str, Callable[[], Awaitable[object]]]] = []
         if self.consumer:
             steps.append(("consumer", partial(self.consumer.stop, timeout)))
+        for events in self.event_consumers:
+            steps.append((events.spec.durable, partial(events.stop, timeout)))
         steps.append(("runtime tasks", partial(cancel, self.ensure_tasks)))
         if self.workers:
             steps.append(("workers", partial(self.workers.stop, timeout)))

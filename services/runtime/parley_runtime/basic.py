@@ -7,6 +7,8 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from parley_platform.errors import ParleyError
+
 from .actions import _json_object
 from .agent_settings import setting_bool
 from .context import TurnContext
@@ -42,6 +44,49 @@ async def _send_message(ctx: TurnContext, params: dict[str, Any], callback: Call
     text = str(params["text"]).strip()
     await callback(Content(text=text, actions=("SEND_MESSAGE",), target_channel=target))
     return ActionResult(True, text=text, values={"target": target})
+
+
+APPROVE = frozenset({"yes", "y", "approve", "approved", "confirm", "ok", "okay", "go", "proceed", "sure"})
+DENY = frozenset({"no", "n", "deny", "denied", "cancel", "reject", "stop", "abort"})
+DECIDERS = frozenset({"OWNER", "ADMIN"})
+
+
+async def _choice(ctx: TurnContext, params: dict[str, Any], callback: Callback) -> ActionResult:
+    """Answer the room's pending confirmations: the sender's own, or any as OWNER/ADMIN.
+
+    It only records the decision; an approved action runs where every approval runs (the
+    runtime's consumer of authz's claim events), once."""
+    option = str(params.get("option", "")).strip().lower()
+    if option not in APPROVE | DENY:
+        return ActionResult(False, error="CHOICE needs option yes or no")
+    approve = option in APPROVE
+    wanted = str(params.get("id") or "").strip()
+    pending = [
+        call
+        for call in await ctx.services.pending_confirmations()
+        if (not wanted or call.tool_call_id == wanted)
+        and (call.requester_id == str(ctx.message.sender_id) or ctx.role in DECIDERS)
+    ]
+    if not pending:
+        await callback(Content(text="Nothing here is waiting for your confirmation.", actions=("CHOICE",)))
+        return ActionResult(False, error="NO_PENDING_CONFIRMATION")
+    decided: dict[str, str] = {}
+    for call in pending:
+        try:
+            decided[call.tool_call_id] = await ctx.services.decide_confirmation(
+                call.tool_call_id, approve=approve, reason="" if approve else f"declined: {option}"
+            )
+        except ParleyError as exc:
+            decided[call.tool_call_id] = exc.code.lower()
+    verb = "Approved" if approve else "Cancelled"
+    names = ", ".join(call.action for call in pending)
+    waiting = [call.action for call in await ctx.services.pending_confirmations()]
+    if waiting:
+        # Once nothing waits, the agent's follow-up with the results is the answer; a reply here
+        # would race it (the newer message in the room wins the turn).
+        text = f"{verb}: {names}. Still waiting for: {', '.join(waiting)}."
+        await callback(Content(text=text, actions=("CHOICE",)))
+    return ActionResult(True, text=f"{verb}: {names}", values={"decisions": decided, "approve": approve})
 
 
 def _room_state(state: str | None, label: str) -> Any:
@@ -234,6 +279,18 @@ basic_capabilities = Plugin(
         ),
         Action(
             "UNMUTE_ROOM", "Speak in this room again.", _room_state(None, "room unmuted"), tags=IDEMPOTENT
+        ),
+        Action(
+            "CHOICE",
+            "Answer a pending confirmation: option yes to let the waiting action run, no to cancel it.",
+            _choice,
+            similes=("CONFIRM", "APPROVE", "SELECT_OPTION"),
+            # Deciding twice is safe: authz records one decision and answers the repeat with it.
+            tags=IDEMPOTENT,
+            parameters=(
+                Parameter("option", "yes or no", required=True, aliases=("answer", "decision", "choice")),
+                Parameter("id", "the approval id, when several are waiting", aliases=("tool_call_id",)),
+            ),
         ),
     ),
     providers=(

@@ -49,6 +49,16 @@ class Participant:
 
 
 @dataclass(frozen=True)
+class PendingCall:
+    """An action of this room waiting for a human decision (see confirmations.py)."""
+
+    tool_call_id: str
+    action: str
+    summary: str
+    requester_id: str  # the entity whose message proposed it
+
+
+@dataclass(frozen=True)
 class MemoryHit:
     id: str
     kind: str
@@ -75,6 +85,14 @@ class RuntimeServices(Protocol):
     def get_setting(self, key: str) -> object | None: ...
 
     async def action_catalog(self) -> str: ...
+
+    async def pending_confirmations(self) -> list[PendingCall]:
+        """The room's actions waiting for a decision."""
+        ...
+
+    async def decide_confirmation(self, tool_call_id: str, *, approve: bool, reason: str = "") -> str:
+        """Approve or deny one as the message's sender; the answer says what happened."""
+        ...
 
 
 @dataclass

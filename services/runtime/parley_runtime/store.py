@@ -349,3 +349,23 @@ class RuntimeStore:
         return await self.db.fetchall(
             Q["missing_embeddings"], {"agent_id": agent_id, "limit": limit}, what="missing embeddings"
         )
+
+    # -- confirmations ---------------------------------------------------------------------------
+
+    async def save_tool_call(self, call: Mapping[str, Any]) -> Row:
+        """The proposal of an action awaiting confirmation; the first one when it exists already."""
+        row = await self.db.fetchone(
+            Q["save_tool_call"], {**call, "params": Jsonb(call["params"])}, what="save tool call"
+        )
+        assert row is not None  # inserted, or found by the same statement
+        return row
+
+    async def get_tool_call(self, agent_id: uuid.UUID, tool_call_id: str) -> Row | None:
+        return await self.db.fetchone(
+            Q["get_tool_call"], {"agent_id": agent_id, "tool_call_id": tool_call_id}, what="get tool call"
+        )
+
+    async def get_tool_calls(self, agent_id: uuid.UUID, ids: Sequence[str]) -> list[Row]:
+        return await self.db.fetchall(
+            Q["get_tool_calls"], {"agent_id": agent_id, "ids": list(ids)}, what="get tool calls"
+        )

@@ -38,9 +38,10 @@ from . import ids
 from .actions import describe, permission_error, resolve_action_args, schema_errors
 from .agent_settings import setting_list
 from .agents import AgentDirectory, AgentInfo
-from .context import HistoryLine, MemoryHit, MessageView, Participant, State, TurnContext
+from .confirmations import Confirmations, Proposal, needs_confirmation
+from .context import HistoryLine, MemoryHit, MessageView, Participant, PendingCall, State, TurnContext
 from .parser import ParsedResponse, normalize_actions, parse_or_plain, parse_response
-from .plugin import ActionResult, Content, Provider
+from .plugin import Action, ActionResult, Callback, Content, Provider
 from .prompt import Segment, build_turn_prompt, join_segments
 from .store import Ingested, RuntimeStore
 
@@ -218,6 +219,7 @@ class Turn:
     ctx: TurnContext
     replies: list[Content] = field(default_factory=list)
     trajectory: dict[str, Any] = field(default_factory=dict)
+    proposals: list[Proposal] = field(default_factory=list)  # actions awaiting confirmation
 
 
 class TurnServices:
@@ -278,6 +280,15 @@ class TurnServices:
     async def action_catalog(self) -> str:
         return describe(await self.agent.catalog.available(self._ctx[0]))
 
+    async def pending_confirmations(self) -> list[PendingCall]:
+        return await self.p.confirmations.pending(self.agent, self.room_id)
+
+    async def decide_confirmation(self, tool_call_id: str, *, approve: bool, reason: str = "") -> str:
+        ctx = self._ctx[0]
+        return await self.p.confirmations.decide(
+            self.agent, tool_call_id, approve=approve, reason=reason, decided_by=str(ctx.message.sender_id)
+        )
+
 
 class TurnProcessor:
     def __init__(
@@ -297,6 +308,7 @@ class TurnProcessor:
         self.pairing = PairingGate(rpc)
         self.metrics = metrics
         self.settings = settings
+        self.confirmations = Confirmations(self)
         self._background: set[asyncio.Task[None]] = set()
 
     # -- model gateway -------------------------------------------------------------------------
@@ -432,7 +444,7 @@ class TurnProcessor:
                 # Redelivered after the replies were stored: they may not all have been published.
                 # Publish them again under their ids; JetStream drops the ones it has.
                 for row in await self.store.list_replies(agent.id, turn_id):
-                    await self._publish(inbound, agent, room_id, row["id"], row["content"])
+                    await self.publish_reply(inbound, agent, room_id, row["id"], row["content"])
                 return "republished"
             log.info(
                 "duplicate message, turn already finished",
@@ -448,25 +460,10 @@ class TurnProcessor:
             log.info("a copy of this message holds the turn", agent_id=str(agent.id), turn_id=str(turn_id))
             return "duplicate"
 
-        ctx_ref: list[TurnContext] = []
-        message = MessageView(
-            id=turn_id,
-            text=inbound.text,
-            source=source,
-            channel_id=inbound.channel_id,
-            room_id=room_id,
-            room_type=ROOM_TYPES.get(inbound.room_type, "GROUP"),
-            sender_id=entity_id,
-            sender_name=sender_name,
-            world_id=world,
-            in_reply_to=inbound.in_reply_to,
-            attachments=content.get("attachments", ()),
-            metadata=dict(inbound.metadata),
-        )
-        ctx = TurnContext(
-            agent_id=agent.id,
-            character=agent.character,
-            message=message,
+        ctx = self.context(
+            agent,
+            inbound,
+            turn_id,
             role=ingested.sender_role or role or "MEMBER",
             history=[
                 HistoryLine(
@@ -478,15 +475,57 @@ class TurnProcessor:
                 Participant(str(p["entity_id"]), p["names"] or [], p["role"], p["user_state"])
                 for p in ingested.participants
             ],
-            services=TurnServices(self, agent, room_id, ctx_ref, source),
         )
-        ctx_ref.append(ctx)
         turn = Turn(agent, inbound, delivery, turn_id, room_id, ingested.lease_token, ctx)
         await self.emit(agent, "RUN_STARTED", turn_id, room_id, source=source)
 
         outcome = await self._run(turn, ingested)
         await self.emit(agent, "RUN_ENDED", turn_id, room_id, status=outcome)
         return outcome
+
+    def context(
+        self,
+        agent: AgentInfo,
+        inbound: runtime_pb2.InboundMessage,
+        turn_id: uuid.UUID,
+        *,
+        role: str,
+        history: Sequence[HistoryLine] = (),
+        participants: Sequence[Participant] = (),
+    ) -> TurnContext:
+        """What handlers see of the turn of ``inbound``; also rebuilt to run a confirmed action."""
+        source = inbound.source
+        room_id = ids.room_id(agent.id, source, inbound.channel_id)
+        from_self = inbound.sender_id == str(agent.id)
+        ctx_ref: list[TurnContext] = []
+        message = MessageView(
+            id=turn_id,
+            text=inbound.text,
+            source=source,
+            channel_id=inbound.channel_id,
+            room_id=room_id,
+            room_type=ROOM_TYPES.get(inbound.room_type, "GROUP"),
+            sender_id=agent.id if from_self else ids.entity_id(agent.id, source, inbound.sender_id),
+            sender_name=inbound.sender_name or inbound.sender_username or inbound.sender_id,
+            world_id=ids.world_id(agent.id, source, inbound.world_id) if inbound.world_id else None,
+            in_reply_to=inbound.in_reply_to,
+            attachments=[
+                {"id": a.id, "url": a.url, "title": a.title, "contentType": a.content_type, "text": a.text}
+                for a in inbound.attachments
+            ],
+            metadata=dict(inbound.metadata),
+        )
+        ctx = TurnContext(
+            agent_id=agent.id,
+            character=agent.character,
+            message=message,
+            role=role,
+            history=history,
+            participants=participants,
+            services=TurnServices(self, agent, room_id, ctx_ref, source),
+        )
+        ctx_ref.append(ctx)
+        return ctx
 
     async def _run(self, turn: Turn, ingested: Ingested) -> str:
         agent, ctx = turn.agent, turn.ctx
@@ -532,6 +571,9 @@ class TurnProcessor:
         turn.trajectory["actions"] = []
         for index, name in enumerate(actions):
             await self._run_action(turn, index, name)
+        if turn.proposals:
+            # Asked for, not run: a pending decision each, one prompt, and the turn ends here.
+            turn.replies.append(await self.confirmations.propose(turn))
         self.metrics.stage.labels("actions").observe(time.perf_counter() - t0)
 
         t0 = time.perf_counter()
@@ -735,6 +777,12 @@ class TurnProcessor:
         if errors:
             self._record(turn, record, "invalid", ActionResult(False, error="; ".join(errors)))
             return
+        if needs_confirmation(agent, action) and not ctx.is_autonomous:
+            turn.proposals.append(Proposal(index, action, dict(resolution.params)))
+            self._record(
+                turn, record, "pending", ActionResult(False, error="AWAITING_CONFIRMATION: asked the user")
+            )
+            return
         if not action.idempotent:
             claimed = await self.store.claim_effect(agent.id, turn.turn_id, index, action.name)
             if not claimed:
@@ -758,19 +806,7 @@ class TurnProcessor:
         async def callback(content: Content) -> None:
             turn.replies.append(content)
 
-        try:
-            result = await action.handler(ctx, dict(resolution.params), callback) or ActionResult(True)
-            outcome = "success" if result.success else "failed"
-        except Exception as exc:  # a handler's failure is a failed result, not a failed turn
-            # No traceback: a handler's locals and messages may hold the agent's secrets.
-            log.error(
-                "action handler raised",
-                action=action.name,
-                agent_id=str(agent.id),
-                error=agent.redactor.redact(f"{type(exc).__name__}: {exc}"),
-            )
-            result = ActionResult(False, error=agent.redactor.redact(f"{type(exc).__name__}: {exc}"))
-            outcome = "error"
+        result, outcome = await self.invoke(agent, action, ctx, resolution.params, callback)
         if not action.idempotent:
             await self.store.complete_effect(
                 agent.id, turn.turn_id, index, agent.redactor.redact_obj(result.to_json())
@@ -779,6 +815,24 @@ class TurnProcessor:
         await self.emit(
             agent, "ACTION_COMPLETED", turn.turn_id, turn.room_id, action=action.name, outcome=outcome
         )
+
+    async def invoke(
+        self,
+        agent: AgentInfo,
+        action: Action,
+        ctx: TurnContext,
+        params: Mapping[str, Any],
+        callback: Callback,
+    ) -> tuple[ActionResult, str]:
+        """Run a handler: its exception is a failed result (``error``), never a failed turn."""
+        try:
+            result = await action.handler(ctx, dict(params), callback) or ActionResult(True)
+            return result, "success" if result.success else "failed"
+        except Exception as exc:
+            # No traceback: a handler's locals and messages may hold the agent's secrets.
+            error = agent.redactor.redact(f"{type(exc).__name__}: {exc}")
+            log.error("action handler raised", action=action.name, agent_id=str(agent.id), error=error)
+            return ActionResult(False, error=error), "error"
 
     def _record(self, turn: Turn, record: dict[str, Any], outcome: str, result: ActionResult) -> None:
         record["outcome"] = outcome
@@ -837,7 +891,7 @@ class TurnProcessor:
             )
             return "superseded"
         for response_id, content in replies:
-            await self._publish(turn.inbound, agent, turn.room_id, response_id, content)
+            await self.publish_reply(turn.inbound, agent, turn.room_id, response_id, content)
             await self.emit(agent, "MESSAGE_SENT", turn.turn_id, turn.room_id, response_id=str(response_id))
         return "replied"
 
@@ -846,7 +900,7 @@ class TurnProcessor:
             return None
         return turn.agent.redactor.redact_obj(turn.trajectory)
 
-    async def _publish(
+    async def publish_reply(
         self,
         inbound: runtime_pb2.InboundMessage,
         agent: AgentInfo,

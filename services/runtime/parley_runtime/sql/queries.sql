@@ -309,3 +309,27 @@ SELECT id, content ->> 'text' AS text FROM runtime.memory
    AND coalesce(content ->> 'text', '') <> ''
  ORDER BY created_at DESC
  LIMIT %(limit)s;
+
+-- --- confirmations (actions tagged `confirm`) -------------------------------------------------
+
+-- save_tool_call --
+-- Idempotent: a redelivered turn proposes the same call again and gets the first proposal
+-- back, so what authz was told (parameters digest, message) never changes.
+WITH new AS (
+    INSERT INTO runtime.tool_call (agent_id, tool_call_id, turn_id, action_index, call_index, room_id,
+                                   message_id, action, params, requester_id, role, inbound)
+    VALUES (%(agent_id)s, %(tool_call_id)s, %(turn_id)s, %(action_index)s, %(call_index)s, %(room_id)s,
+            %(message_id)s, %(action)s, %(params)s, %(requester_id)s, %(role)s, %(inbound)s)
+    ON CONFLICT DO NOTHING
+    RETURNING *
+)
+SELECT * FROM new
+UNION ALL
+SELECT * FROM runtime.tool_call
+ WHERE agent_id = %(agent_id)s AND tool_call_id = %(tool_call_id)s AND NOT EXISTS (SELECT 1 FROM new);
+
+-- get_tool_call --
+SELECT * FROM runtime.tool_call WHERE agent_id = %(agent_id)s AND tool_call_id = %(tool_call_id)s;
+
+-- get_tool_calls --
+SELECT * FROM runtime.tool_call WHERE agent_id = %(agent_id)s AND tool_call_id = ANY(%(ids)s::text[]);
