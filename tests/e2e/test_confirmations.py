@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 import psycopg
 import pytest
+import yaml
 from plugins.effects import EFFECT_LOG_DDL
 from test_runtime_scale import agent_id, effects_characters, python_path, turn_id
 
@@ -130,12 +131,20 @@ async def confirming(isolated_suite: Suite, tmp_path: Path) -> AsyncIterator[Con
     database_url = isolated_suite.env.database_url
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(EFFECT_LOG_DDL)
-    runtime_env = {
-        "PARLEY_CHARACTERS_DIR": str(effects_characters(tmp_path / "characters", database_url, 0)),
-        "PYTHONPATH": python_path(),
+    characters = effects_characters(tmp_path / "characters", database_url, 0)
+    # `hasty`: the effects agent whose RECORD_EFFECT waits for confirmation by policy (the action
+    # itself is not tagged), and whose confirmations expire after a second.
+    hasty = yaml.safe_load((characters / "effects.yaml").read_text())
+    hasty["name"] = "hasty"
+    hasty["settings"] = {
+        **hasty["settings"],
+        "CONFIRM_ACTIONS": "RECORD_EFFECT",
+        "CONFIRMATION_TTL_SECONDS": 1,
     }
+    (characters / "hasty.yaml").write_text(yaml.safe_dump(hasty))
+    runtime_env = {"PARLEY_CHARACTERS_DIR": str(characters), "PYTHONPATH": python_path()}
     suite = await isolated_suite.start(runtimes=2, **runtime_env)
-    authz = await suite.add_service("parley_authz", "AUTHZ")
+    authz = await suite.add_service("parley_authz", "AUTHZ", PARLEY_AUTHZ_SWEEP_INTERVAL_SECONDS="0.2")
     addr = f"127.0.0.1:{authz.grpc_port}"
     bus = await suite.connect()
     channel = grpc.aio.insecure_channel(addr)
@@ -274,3 +283,34 @@ async def test_redelivered_claim_events_never_run_the_handler_twice(confirming: 
     assert len(await confirming.follow_ups(proposal)) == 1
     call = await confirming.tool_call(call_id)
     assert call.outcome == authz_pb2.TOOL_OUTCOME_SUCCESS
+
+
+async def test_a_confirmation_nobody_answers_expires_as_denied_and_the_conversation_continues(
+    confirming: Confirming,
+) -> None:
+    hasty = agent_id("hasty")
+    proposal = inbound("please record this", agent_id=hasty, channel=confirming.channel, source="confirm")
+    await publish_inbound(confirming.bus, proposal)
+    replies = await confirming.replies(proposal, 2)
+    assert replies[0] == "Recorded."
+    assert replies[1].startswith("Before I go ahead I need your confirmation:\n1. RECORD_EFFECT")
+    prompt_id = [r.response_id for r in await replies_to(confirming.bus, proposal)][1]
+    follow_up = runtime_pb2.InboundMessage(
+        agent_id=hasty, source="confirm", message_id=f"confirmations:{prompt_id}"
+    )
+    assert await confirming.replies(follow_up) == ["All settled."]
+    call = await confirming.authz.GetToolCall(
+        authz_pb2.GetToolCallRequest(
+            agent_id=hasty, tool_call_id=f"{turn_id(hasty, 'confirm', proposal.message_id)}:0"
+        ),
+        metadata=confirming.metadata,
+        timeout=10,
+    )
+    assert call.outcome == authz_pb2.TOOL_OUTCOME_EXPIRED
+    assert call.decided_by == "expiry"
+    with psycopg.connect(confirming.suite.env.database_url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM public.effect_log WHERE turn_id = %s",
+            (turn_id(hasty, "confirm", proposal.message_id),),
+        ).fetchone()
+    assert row == (0,)
