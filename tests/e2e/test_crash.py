@@ -5,8 +5,12 @@ from __future__ import annotations
 import re
 import urllib.request
 
+import psycopg
+
+from parley.v1 import runtime_pb2
+from parley_platform.consumer import DEAD_REASON
 from parley_platform.testing import ServiceProcess, eventually
-from support import Suite, inbound, inbound_settled, publish_inbound, replies_to, turn_of
+from support import Suite, inbound, inbound_settled, publish_inbound, replies_to, stream_messages, turn_of
 
 
 async def test_runtime_killed_mid_turn_answers_exactly_once(isolated_suite: Suite) -> None:
@@ -33,6 +37,46 @@ async def test_runtime_killed_mid_turn_answers_exactly_once(isolated_suite: Suit
         assert turn is not None
         assert turn[0] == "replied"
         assert turn[1] >= 2  # redelivered after the kill (more if a loaded machine let ack_wait pass)
+    finally:
+        await bus.close()
+
+
+async def test_a_message_whose_every_delivery_dies_is_failed_and_dead_lettered(isolated_suite: Suite) -> None:
+    """max_deliver 2, and the replica holding each delivery is killed: a third replica gets
+    JetStream's max-deliveries advisory, dead-letters the message and fails its turn."""
+    settings = {"PARLEY_ACK_WAIT_SECONDS": "2", "PARLEY_MAX_DELIVER": "2"}
+    suite = await isolated_suite.start(runtimes=1, **settings)
+    bus = await suite.connect()
+    try:
+        message = inbound("please be very slow")  # the scripted model takes 8 s
+        await publish_inbound(bus, message)
+        for attempt in (1, 2):
+
+            async def running(attempt: int = attempt) -> bool:
+                return turn_of(suite.env.database_url, message) == ("running", attempt)
+
+            await eventually(running, timeout=30, what=f"delivery {attempt} to start")
+            holder = suite.runtimes[-1]
+            await suite.add_runtime(**settings)  # the next replica, ready before the holder dies
+            holder.kill()
+
+        async def failed() -> bool:
+            return turn_of(suite.env.database_url, message) == ("failed", 2)
+
+        await eventually(failed, timeout=30, what="the exhausted turn to be failed")
+        with psycopg.connect(suite.env.database_url) as conn:
+            row = conn.execute(
+                "SELECT t.error FROM runtime.turn t JOIN runtime.memory m ON m.agent_id = t.agent_id"
+                " AND m.id = t.id WHERE m.source = %s AND m.external_id = %s",
+                (message.source, message.message_id),
+            ).fetchone()
+        assert row is not None
+        assert "every delivery died unacknowledged" in row[0]
+        dead = await stream_messages(bus, bus.subjects.dead(bus.subjects.stream("INBOUND")))
+        assert len(dead) == 1
+        assert runtime_pb2.InboundMessage.FromString(dead[0].data).message_id == message.message_id
+        assert "no delivery was acknowledged" in (dead[0].headers or {})[DEAD_REASON]
+        assert await replies_to(bus, message) == []
     finally:
         await bus.close()
 

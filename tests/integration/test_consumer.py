@@ -420,3 +420,48 @@ async def test_message_is_not_lost_when_dead_lettering_fails_on_the_last_deliver
         with contextlib.suppress(Exception):
             await other.js.delete_stream(dead.name)
         await other.close()
+
+
+async def test_a_last_delivery_whose_process_died_is_dead_lettered_by_another_replica(
+    bus: Bus, lane: Lane, test_env: SessionEnv
+) -> None:
+    """The replica holding the last allowed delivery loses its connection mid-handler (as a killed
+    process does): JetStream's max-deliveries advisory reaches the surviving replica, which
+    dead-letters the message once and reports it to the service."""
+    entered = asyncio.Event()
+
+    async def stuck(delivery: Delivery) -> None:
+        entered.set()
+        await asyncio.Event().wait()
+
+    handled, handle = recorder()
+    exhausted: list[tuple[str, bytes, int]] = []
+
+    async def on_exhausted(subject: str, data: bytes, sequence: int) -> None:
+        exhausted.append((subject, data, sequence))
+
+    spec = lane.spec(ack_wait_seconds=1, max_deliver=1)
+    dying_bus = await Bus.connect(test_env.nats_url, name="dying", namespace=bus.subjects.ns)
+    dying = PullConsumer(dying_bus, spec, stuck, fetch_timeout=0.5)
+    survivor = PullConsumer(bus, spec, handle, fetch_timeout=0.5, on_exhausted=on_exhausted)
+    await dying.start()
+    try:
+        await bus.publish(lane.subject("job"), b"last chance", msg_id="job-1")
+        async with asyncio.timeout(10):
+            await entered.wait()
+        async with running(survivor):  # started once the other holds the message's only delivery
+            await dying_bus.nc.close()  # no more heartbeats, no ack: the delivery is lost
+
+            async def reported() -> bool:
+                return len(exhausted) == 1 and await lane.dead_count() == 1
+
+            await eventually(reported, timeout=15, what="the exhausted message to be dead-lettered")
+            headers = await lane.dead_headers()
+            assert "no delivery was acknowledged" in headers[DEAD_REASON]
+            assert headers[DEAD_SUBJECT] == lane.subject("job")
+            assert headers[DEAD_STREAM] == lane.stream
+            assert exhausted == [(lane.subject("job"), b"last chance", 1)]
+            assert handled == [], "max_deliver 1: nobody may handle it again"
+    finally:
+        await dying.stop(timeout=0.2)
+    assert await lane.dead_count() == 1

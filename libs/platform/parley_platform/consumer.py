@@ -5,15 +5,23 @@ the dead-letter stream with the reason and is terminated. Anything else → it
 is nak'ed with a delay growing with its delivery count, and on the last
 allowed delivery it is dead-lettered instead. Cancellation never acks: the
 message is redelivered after ``ack_wait``.
+
+A process that dies holding a message's last allowed delivery never gets to
+dead-letter it; JetStream then announces the message with a max-deliveries
+advisory. One replica of the consumer (a queue group) takes the advisory, reads
+the message from the stream, dead-letters it and tells the service
+(``on_exhausted``), so nothing is left half-done without a record.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -60,6 +68,9 @@ class Delivery:
 
 
 Handler = Callable[[Delivery], Awaitable[None]]
+# (subject, data, stream sequence) of a message whose every allowed delivery went unanswered.
+Exhausted = Callable[[str, bytes, int], Awaitable[None]]
+MAX_DELIVERIES_ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{consumer}"
 
 
 PERMANENT_KINDS = frozenset(
@@ -95,8 +106,10 @@ class PullConsumer:
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
         fetch_timeout: float = 1.0,
+        on_exhausted: Exhausted | None = None,
     ) -> None:
         self.bus = bus
+        self.on_exhausted = on_exhausted
         self.spec = spec
         self.handler = handler
         self.concurrency = concurrency
@@ -110,11 +123,17 @@ class PullConsumer:
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._label = spec.stream
+        self._advisories: Any = None
 
     async def start(self) -> None:
         await self.bus.ensure_consumer(self.spec)
         try:
             self._sub = await self.bus.js.pull_subscribe_bind(self.spec.durable, self.spec.stream)
+            self._advisories = await self.bus.nc.subscribe(
+                MAX_DELIVERIES_ADVISORY.format(stream=self.spec.stream, consumer=self.spec.durable),
+                queue=f"{self.spec.durable}-exhausted",
+                cb=self._on_max_deliveries,
+            )
         except (TimeoutError, nats.errors.Error) as exc:
             raise translate_nats_error(exc, f"bind consumer {self.spec.durable}") from exc
         self._loop_task = asyncio.create_task(self._loop(), name=f"consume:{self.spec.durable}")
@@ -223,39 +242,104 @@ class PullConsumer:
                 task.cancel()
 
     async def dead_letter(self, delivery: Delivery, reason: str, label: str) -> None:
+        await self._publish_dead(
+            delivery.subject,
+            delivery.data,
+            delivery.stream_sequence,
+            delivery.num_delivered,
+            delivery.msg_id,
+            reason,
+            label,
+            # Neither nak nor term while it fails: on its last delivery JetStream would never hand
+            # the message out again. Hold it (heartbeating) and retry until the dead-letter stream
+            # takes it.
+            hold=delivery.in_progress,
+        )
+        with contextlib.suppress(nats.errors.Error):
+            await delivery.msg.term()
+
+    async def _publish_dead(
+        self,
+        subject: str,
+        data: bytes,
+        sequence: int,
+        deliveries: int,
+        msg_id: str,
+        reason: str,
+        label: str,
+        hold: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         headers = {
             DEAD_REASON: reason[:1000],
             DEAD_STREAM: self.spec.stream,
-            DEAD_SUBJECT: delivery.subject,
-            DEAD_SEQUENCE: str(delivery.stream_sequence),
-            DEAD_DELIVERIES: str(delivery.num_delivered),
+            DEAD_SUBJECT: subject,
+            DEAD_SEQUENCE: str(sequence),
+            DEAD_DELIVERIES: str(deliveries),
         }
-        dead_id = delivery.msg_id or f"{self.spec.stream}:{delivery.stream_sequence}"
+        # One dead letter per message, whichever path (or replica) writes it.
+        dead_id = msg_id or f"{self.spec.stream}:{sequence}"
         attempt = 0
         while True:
             try:
                 await self.bus.publish(
-                    self.bus.subjects.dead(self.spec.stream), delivery.data, msg_id=dead_id, headers=headers
+                    self.bus.subjects.dead(self.spec.stream), data, msg_id=dead_id, headers=headers
                 )
                 break
             except ParleyError as exc:
-                # Neither nak nor term: on its last delivery JetStream would never hand the message
-                # out again. Hold it (heartbeating) and retry until the dead-letter stream takes it.
                 attempt += 1
                 log.error(
                     "dead-letter publish failed, retrying",
-                    subject=delivery.subject,
-                    sequence=delivery.stream_sequence,
+                    subject=subject,
+                    sequence=sequence,
                     attempt=attempt,
                     error=str(exc),
                 )
-                await delivery.in_progress()
+                if hold is not None:
+                    await hold()
                 await asyncio.sleep(backoff_delay(attempt, self.backoff_base, self.backoff_cap))
-        log.warning("message dead-lettered", subject=delivery.subject, reason=reason[:200])
+        log.warning("message dead-lettered", subject=subject, reason=reason[:200])
         if self.metrics:
             self.metrics.dead.labels(self._label, label).inc()
-        with contextlib.suppress(nats.errors.Error):
-            await delivery.msg.term()
+
+    async def _on_max_deliveries(self, msg: Msg) -> None:
+        """The last allowed delivery of a message went unanswered (its handler's process died)."""
+        try:
+            advisory = json.loads(msg.data)
+            sequence, deliveries = int(advisory["stream_seq"]), int(advisory.get("deliveries", 0))
+        except (ValueError, KeyError, TypeError):
+            log.warning("unreadable max-deliveries advisory", consumer=self.spec.durable)
+            return
+        try:
+            stored = await self.bus.js.get_msg(self.spec.stream, sequence)
+        except (TimeoutError, nats.errors.Error) as exc:
+            # Already removed from the stream (or the stream is unreachable): nothing to keep.
+            log.warning(
+                "message of a max-deliveries advisory not readable",
+                consumer=self.spec.durable,
+                sequence=sequence,
+                error=str(exc),
+            )
+            return
+        subject, data = stored.subject or "", stored.data or b""
+        await self._publish_dead(
+            subject,
+            data,
+            sequence,
+            deliveries,
+            (stored.headers or {}).get(MSG_ID, ""),
+            f"max_deliver ({self.spec.max_deliver}) reached: no delivery was acknowledged "
+            "(the handling process died or stalled)",
+            "exhausted",
+        )
+        if self.on_exhausted is not None:
+            try:
+                await self.on_exhausted(subject, data, sequence)
+            except Exception as exc:
+                log.error(
+                    "exhausted-message hook failed",
+                    consumer=self.spec.durable,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop fetching, let in-flight handlers finish for up to ``timeout``, then cancel them."""
@@ -273,3 +357,6 @@ class PullConsumer:
                 await asyncio.wait(pending, timeout=1)
         with contextlib.suppress(nats.errors.Error):
             await self._sub.unsubscribe()
+        if self._advisories is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self._advisories.unsubscribe()

@@ -149,6 +149,7 @@ class RuntimeApp:
             self.turns.handle,
             concurrency=s.turn_concurrency,
             metrics=messaging,
+            on_exhausted=self.turns.exhausted,
         )
         await self.consumer.start()
         # Approved actions run, and confirmed conversations continue, on whichever replica

@@ -385,6 +385,25 @@ class TurnProcessor:
         self.metrics.turns.labels(outcome).inc()
         self.metrics.duration.observe(time.perf_counter() - started)
 
+    async def exhausted(self, subject: str, data: bytes, sequence: int) -> None:
+        """Every allowed delivery of this message died with its runtime (the consumer has
+        dead-lettered it): its turn is failed, not left running."""
+        try:
+            inbound, agent = decode_inbound(
+                data, subject.rsplit(".", 1)[-1], self.directory.agents, self.settings.max_text_bytes
+            )
+        except Poison:
+            return  # never became a turn
+        turn_id = ids.message_id(agent.id, inbound.source, inbound.message_id)
+        error = f"max_deliver ({self.settings.max_deliver}) reached: every delivery died unacknowledged"
+        if await self.store.finish_turn(agent.id, turn_id, "failed", lease_token=None, error=error):
+            self.metrics.turns.labels("failed").inc()
+            log.error(
+                "turn failed: its message exhausted its deliveries",
+                agent_id=str(agent.id),
+                turn_id=str(turn_id),
+            )
+
     async def _turn(
         self, delivery: Delivery, inbound: runtime_pb2.InboundMessage, agent: AgentInfo, turn_id: uuid.UUID
     ) -> str:
