@@ -110,3 +110,30 @@ def turns_handled(process: ServiceProcess) -> float:
     return sum(
         float(v) for v in re.findall(r'^parley_turns_total\{outcome="[a-z]+"\} ([0-9.e+]+)$', text, re.M)
     )
+
+
+async def test_a_recreated_inbound_stream_is_consumed_again_and_rooms_keep_answering(
+    isolated_suite: Suite,
+) -> None:
+    """Deleting PARLEY_INBOUND and creating it again restarts its sequence numbers: the runtime's
+    consumer is created again, and a room whose last message had a higher sequence still answers
+    the new stream's first message (the turn lease orders by (stream epoch, sequence))."""
+    suite = await isolated_suite.start(runtimes=1)
+    bus = await suite.connect()
+    try:
+        channel = "recreated-stream"
+        for n in range(3):
+            before = inbound(f"message {n} before", channel=channel)
+            await publish_inbound(bus, before)
+            await eventually(lambda m=before: replies_to(bus, m), timeout=30, what=f"a reply to message {n}")
+        await bus.js.delete_stream(bus.subjects.stream("INBOUND"))
+        await bus.ensure_standard_streams()
+        after = inbound("message after", channel=channel)
+        await publish_inbound(bus, after)
+        replies = await eventually(
+            lambda: replies_to(bus, after), timeout=45, what="a reply from the new stream"
+        )
+        assert [r.text for r in replies] == ["You said: message after"]
+        assert turn_of(suite.env.database_url, after) == ("replied", 1)
+    finally:
+        await bus.close()

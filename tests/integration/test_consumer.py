@@ -465,3 +465,29 @@ async def test_a_last_delivery_whose_process_died_is_dead_lettered_by_another_re
     finally:
         await dying.stop(timeout=0.2)
     assert await lane.dead_count() == 1
+
+
+async def test_a_recreated_stream_is_consumed_again_with_a_newer_epoch(bus: Bus, lane: Lane) -> None:
+    """Deleting and creating the stream again leaves a fetch that only times out; the idle
+    consumer notices, binds again, and the new stream's messages sort after the old ones."""
+    seen, handle = recorder()
+    spec = lane.spec()
+    async with running(PullConsumer(bus, spec, handle, fetch_timeout=0.2, check_interval=0.3)):
+        await bus.publish(lane.subject(), b"before", msg_id="before")
+        await bus.publish(lane.subject(), b"before 2", msg_id="before-2")
+        await eventually(lambda: _count(seen, 2), what="the first stream's messages")
+        await bus.js.delete_stream(lane.stream)
+        await bus.ensure_stream(
+            StreamSpec(name=lane.stream, subjects=[f"{lane.subject_prefix}.>"], max_age_seconds=600)
+        )
+        await bus.publish(lane.subject(), b"after", msg_id="after")
+        await eventually(lambda: _count(seen, 3), timeout=15, what="the recreated stream's message")
+    before, after = seen[1], seen[2]
+    assert after.data == b"after"
+    assert after.stream_sequence == 1 < before.stream_sequence
+    assert after.stream_epoch > before.stream_epoch
+    assert after.position > before.position
+
+
+async def _count(seen: list[Delivery], n: int) -> bool:
+    return len(seen) >= n

@@ -11,6 +11,14 @@ dead-letter it; JetStream then announces the message with a max-deliveries
 advisory. One replica of the consumer (a queue group) takes the advisory, reads
 the message from the stream, dead-letters it and tells the service
 (``on_exhausted``), so nothing is left half-done without a record.
+
+A fetch from a consumer that no longer exists (its stream was deleted and
+created again) just times out, like an idle one. So an idle consumer checks
+every ``check_interval`` seconds that it still exists, and creates and binds
+it again (and the stream, when it is one of the suite's standard streams)
+instead of waiting forever. Each delivery carries the stream's epoch (its
+creation time): sequence numbers start again in a new stream, and (epoch,
+sequence) still orders every message a service has seen.
 """
 
 from __future__ import annotations
@@ -24,9 +32,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import nats.errors
+import nats.js.errors
 from nats.aio.msg import Msg
 
-from .bus import MSG_ID, Bus, ConsumerSpec, translate_nats_error
+from .bus import MSG_ID, Bus, ConsumerSpec, standard_streams, translate_nats_error
 from .errors import Kind, ParleyError
 from .logging import get_logger
 from .metrics import MessagingMetrics
@@ -60,6 +69,12 @@ class Delivery:
     num_delivered: int
     stream_sequence: int
     msg_id: str
+    stream_epoch: int = 0  # microseconds since 1970 at which the stream was created
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """Where the message stands among every message of the stream's name, old streams included."""
+        return (self.stream_epoch, self.stream_sequence)
 
     async def in_progress(self) -> None:
         """Tell the server the work goes on, resetting its ack timer."""
@@ -107,9 +122,12 @@ class PullConsumer:
         backoff_cap: float = 30.0,
         fetch_timeout: float = 1.0,
         on_exhausted: Exhausted | None = None,
+        check_interval: float = 5.0,
     ) -> None:
         self.bus = bus
         self.on_exhausted = on_exhausted
+        self.check_interval = check_interval
+        self.stream_epoch = 0
         self.spec = spec
         self.handler = handler
         self.concurrency = concurrency
@@ -126,19 +144,51 @@ class PullConsumer:
         self._advisories: Any = None
 
     async def start(self) -> None:
-        await self.bus.ensure_consumer(self.spec)
+        await self._bind()
         try:
-            self._sub = await self.bus.js.pull_subscribe_bind(self.spec.durable, self.spec.stream)
             self._advisories = await self.bus.nc.subscribe(
                 MAX_DELIVERIES_ADVISORY.format(stream=self.spec.stream, consumer=self.spec.durable),
                 queue=f"{self.spec.durable}-exhausted",
                 cb=self._on_max_deliveries,
             )
         except (TimeoutError, nats.errors.Error) as exc:
-            raise translate_nats_error(exc, f"bind consumer {self.spec.durable}") from exc
+            raise translate_nats_error(exc, f"subscribe to advisories of {self.spec.durable}") from exc
         self._loop_task = asyncio.create_task(self._loop(), name=f"consume:{self.spec.durable}")
 
+    async def _bind(self) -> None:
+        await self.bus.ensure_consumer(self.spec)
+        try:
+            info = await self.bus.js.stream_info(self.spec.stream)
+            self._sub = await self.bus.js.pull_subscribe_bind(self.spec.durable, self.spec.stream)
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise translate_nats_error(exc, f"bind consumer {self.spec.durable}") from exc
+        self.stream_epoch = round(info.created.timestamp() * 1_000_000) if info.created else 0
+
+    async def _check_binding(self) -> None:
+        """An idle consumer may be a deleted one: create (and bind) it again when it is gone."""
+        try:
+            await self.bus.js.consumer_info(self.spec.stream, self.spec.durable)
+            return
+        except nats.js.errors.NotFoundError:
+            log.warning(
+                "consumer gone (was the stream recreated?); creating it again", consumer=self.spec.durable
+            )
+        except (TimeoutError, nats.errors.Error) as exc:
+            log.warning("consumer check failed", consumer=self.spec.durable, error=str(exc))
+            return
+        try:
+            for stream in standard_streams(self.bus.subjects):
+                if stream.name == self.spec.stream:
+                    await self.bus.ensure_stream(stream)
+            old = self._sub
+            await self._bind()
+            with contextlib.suppress(nats.errors.Error):
+                await old.unsubscribe()
+        except ParleyError as exc:
+            log.warning("could not create the consumer again", consumer=self.spec.durable, error=str(exc))
+
     async def _loop(self) -> None:
+        checked = time.monotonic()
         while not self._stopping.is_set():
             free = self.concurrency - len(self._tasks)
             if free <= 0:
@@ -148,12 +198,18 @@ class PullConsumer:
             try:
                 msgs = await self._sub.fetch(min(self.batch, free), timeout=self.fetch_timeout)
             except (TimeoutError, nats.errors.TimeoutError):
+                if time.monotonic() - checked >= self.check_interval:
+                    checked = time.monotonic()
+                    await self._check_binding()
                 continue
             except nats.errors.Error as exc:
                 if self._stopping.is_set():
                     return
                 log.warning("fetch failed", consumer=self.spec.durable, error=str(exc))
                 await asyncio.sleep(0.5)
+                if time.monotonic() - checked >= self.check_interval:
+                    checked = time.monotonic()
+                    await self._check_binding()
                 continue
             for msg in msgs:
                 await self._slots.acquire()
@@ -175,6 +231,7 @@ class PullConsumer:
             num_delivered=meta.num_delivered,
             stream_sequence=meta.sequence.stream,
             msg_id=(msg.headers or {}).get(MSG_ID, ""),
+            stream_epoch=self.stream_epoch,
         )
         started = time.perf_counter()
         outcome = "ack"

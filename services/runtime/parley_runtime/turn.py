@@ -447,6 +447,7 @@ class TurnProcessor:
                 "room_id": room_id,
                 "channel_id": inbound.channel_id,
                 "room_type": ROOM_TYPES.get(inbound.room_type, "GROUP"),
+                "stream_epoch": delivery.stream_epoch,
                 "stream_seq": delivery.stream_sequence,
                 "memory_id": turn_id,
                 "content": Jsonb(content),

@@ -25,17 +25,19 @@ SELECT pg_advisory_xact_lock(hashtextextended(%(lock_key)s, 0));
 -- ingest --
 -- One round trip per inbound message: upsert the world, entity, room and
 -- participant, store the message once, take the room's turn lease and record
--- the turn. The lease orders messages by the stream sequence at which each was
--- first seen: a message older than the room's newest does not get it (it is
+-- the turn. The lease orders messages by the stream position (epoch, sequence) at which
+-- each was first seen: a message older than the room's newest does not get it (it is
 -- superseded), and a copy of a message (republished or redelivered) takes it
 -- over from its earlier copy. A finished turn takes nothing. It runs after lock_room in the
 -- same transaction, so ingests of one room are serial and each sees the ones before it: a copy
 -- never races its own message, and a copy that finds the room taken by a newer message
 -- supersedes the turn (its first holder may have died).
 WITH prev AS (
-    SELECT stream_seq, state, response_id FROM runtime.turn WHERE agent_id = %(agent_id)s AND id = %(memory_id)s
+    SELECT stream_epoch, stream_seq, state, response_id FROM runtime.turn
+     WHERE agent_id = %(agent_id)s AND id = %(memory_id)s
 ), msg AS (
-    SELECT coalesce((SELECT stream_seq FROM prev), %(stream_seq)s) AS seq,
+    SELECT coalesce((SELECT stream_epoch FROM prev), %(stream_epoch)s) AS epoch,
+           coalesce((SELECT stream_seq FROM prev), %(stream_seq)s) AS seq,
            coalesce((SELECT state IN ('received', 'running') FROM prev), true) AS open
 ), w AS (
     INSERT INTO runtime.world (agent_id, id, source, external_id)
@@ -50,12 +52,14 @@ WITH prev AS (
            metadata = entity.metadata || excluded.metadata
      WHERE NOT (entity.names @> excluded.names AND entity.metadata @> excluded.metadata)
 ), r AS (
-    INSERT INTO runtime.room (agent_id, id, world_id, source, channel_id, type, turn_seq, turn_token)
-    SELECT %(agent_id)s, %(room_id)s, %(world_id)s, %(source)s, %(channel_id)s, %(room_type)s, msg.seq, 1
+    INSERT INTO runtime.room (agent_id, id, world_id, source, channel_id, type, turn_epoch, turn_seq,
+                              turn_token)
+    SELECT %(agent_id)s, %(room_id)s, %(world_id)s, %(source)s, %(channel_id)s, %(room_type)s, msg.epoch,
+           msg.seq, 1
       FROM msg WHERE msg.open
     ON CONFLICT (agent_id, id) DO UPDATE
-       SET turn_seq = excluded.turn_seq, turn_token = room.turn_token + 1
-     WHERE room.turn_seq <= excluded.turn_seq
+       SET turn_epoch = excluded.turn_epoch, turn_seq = excluded.turn_seq, turn_token = room.turn_token + 1
+     WHERE (room.turn_epoch, room.turn_seq) <= (excluded.turn_epoch, excluded.turn_seq)
     RETURNING turn_token
 ), p AS (
     INSERT INTO runtime.participant (agent_id, room_id, entity_id, role)
@@ -68,8 +72,8 @@ WITH prev AS (
             %(external_id)s)
     ON CONFLICT DO NOTHING
 ), t AS (
-    INSERT INTO runtime.turn (agent_id, id, room_id, stream_seq, state, lease_token, started_at)
-    SELECT %(agent_id)s, %(memory_id)s, %(room_id)s, msg.seq,
+    INSERT INTO runtime.turn (agent_id, id, room_id, stream_epoch, stream_seq, state, lease_token, started_at)
+    SELECT %(agent_id)s, %(memory_id)s, %(room_id)s, msg.epoch, msg.seq,
            CASE WHEN (SELECT turn_token FROM r) IS NULL THEN 'superseded' ELSE 'running' END,
            (SELECT turn_token FROM r),
            CASE WHEN (SELECT turn_token FROM r) IS NULL THEN NULL ELSE clock_timestamp() END

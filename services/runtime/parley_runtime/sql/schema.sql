@@ -47,6 +47,7 @@ CREATE TABLE runtime.room (
     -- The per-room turn lease: the stream sequence of the newest message that
     -- took it, and a fencing token raised on every take.
     turn_seq    bigint NOT NULL DEFAULT 0,
+    turn_epoch  bigint NOT NULL DEFAULT 0,  -- see the turn's stream_epoch
     turn_token  bigint NOT NULL DEFAULT 0,
     created_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (agent_id, id),
@@ -95,6 +96,8 @@ CREATE TABLE runtime.turn (
     id            uuid NOT NULL,
     room_id       uuid NOT NULL,
     stream_seq    bigint NOT NULL,
+    -- The inbound stream's creation time (microseconds): sequences restart in a new stream.
+    stream_epoch  bigint NOT NULL DEFAULT 0,
     state         text NOT NULL CHECK (state IN ('received', 'running', 'replied', 'ignored', 'failed',
                                                  'superseded')),
     lease_token   bigint,
