@@ -57,7 +57,6 @@ def state(*, repeat: bool = True, failures: int = 0, **schedule: object) -> Task
         (MetadataInput(update_interval_ms=1000, max_failures=2.5), "metadata.max_failures"),
         (MetadataInput(update_interval_ms=1000, max_attempts=0), "metadata.max_attempts"),
         (MetadataInput(update_interval_ms=1000, missed_run="later"), "metadata.missed_run"),
-        (MetadataInput(update_interval_ms=1000, blocking=False), "metadata.blocking"),
         (MetadataInput(update_interval_ms=1000, timeout_ms=0), "metadata.timeout_ms"),
         (
             MetadataInput(update_interval_ms=1000, scheduled_at=datetime(1969, 1, 1, tzinfo=UTC)),
@@ -91,6 +90,18 @@ def test_defaults_and_never_pausing_values() -> None:
         )
     one_shot = domain.validate_schedule(MetadataInput(), repeat=False)
     assert one_shot.update_interval_ms is None
+
+
+def test_blocking_false_makes_a_repeat_task_concurrent() -> None:
+    for meta in (
+        MetadataInput(update_interval_ms=1000, blocking=False),
+        MetadataInput(cron="* * * * *", blocking=False),
+    ):
+        assert not domain.validate_schedule(meta, repeat=True).blocking
+    assert domain.concurrent(state(update_interval_ms=1000, blocking=False))
+    assert not domain.concurrent(state(update_interval_ms=1000))
+    # A one-shot has one run whatever it says.
+    assert not domain.concurrent(state(repeat=False, blocking=False))
 
 
 @pytest.mark.parametrize(
@@ -322,6 +333,43 @@ def test_overdue_and_skip_to_the_next_slot() -> None:
     assert skipped.next_at == NOW + timedelta(seconds=4)
     cron_skip = domain.on_skip(state(cron="0 * * * *"), NOW + timedelta(hours=2, minutes=5))
     assert cron_skip.next_at == NOW + timedelta(hours=3)
+
+
+def test_a_non_blocking_task_moves_to_its_next_slot_when_one_is_claimed() -> None:
+    s = state(update_interval_ms=1000, blocking=False)
+    # Claimed on time (or early, by not_before): the slot after it.
+    assert domain.slot_after_claim(s, NOW) == (NOW + timedelta(seconds=1),) * 2
+    assert domain.slot_after_claim(s, NOW - timedelta(milliseconds=200))[0] == NOW + timedelta(seconds=1)
+    # Claimed late (downtime): this run is the one catch-up, then the cadence goes on from now.
+    assert domain.slot_after_claim(s, NOW + timedelta(seconds=3.5))[0] == NOW + timedelta(seconds=4)
+    early = state(update_interval_ms=1000, not_before_ms=100, blocking=False)
+    assert domain.slot_after_claim(early, NOW) == (NOW + timedelta(seconds=1), NOW + timedelta(seconds=0.9))
+    hourly = state(cron="0 * * * *", blocking=False)
+    assert domain.slot_after_claim(hourly, NOW)[0] == NOW + timedelta(hours=1)
+    assert domain.slot_after_claim(hourly, NOW - timedelta(minutes=1))[0] == NOW + timedelta(hours=1)
+
+
+def test_a_non_blocking_run_keeps_the_next_slot_unless_its_failure_pushes_it_later() -> None:
+    s = state(update_interval_ms=1000, blocking=False)
+    success = domain.for_concurrent_run(domain.on_success(s, NOW, next_interval_ms=None, preserve=False))
+    assert (success.next_at, success.delay_ms, success.ran, success.failure_count) == (None, 0, True, 0)
+    skipped = domain.for_concurrent_run(domain.on_skip(s, NOW + timedelta(seconds=3.5)))
+    assert (skipped.next_at, skipped.delay_ms, skipped.ran) == (None, 0, False)
+    # Failures still count, back off and pause.
+    failed = domain.for_concurrent_run(domain.on_failure(s, NOW, error="x", retry_at=None))
+    assert (failed.failure_count, failed.update_interval_ms, failed.delay_ms) == (1, 2000, 2000)
+    last = domain.for_concurrent_run(
+        domain.on_failure(
+            state(update_interval_ms=1000, blocking=False, failures=4), NOW, error="x", retry_at=None
+        )
+    )
+    assert (last.status, last.pause_reason) == (Status.PAUSED, PauseReason.MAX_FAILURES)
+    retry = NOW + timedelta(minutes=5)
+    assert domain.for_concurrent_run(domain.on_failure(s, NOW, error="x", retry_at=retry)).next_at == retry
+    waiting = domain.for_concurrent_run(domain.on_no_worker(s, in_grace=True, retry_ms=500))
+    assert waiting.delay_ms == 500
+    orphaned = domain.for_concurrent_run(domain.on_no_worker(s, in_grace=False, retry_ms=500))
+    assert (orphaned.status, orphaned.orphaned, orphaned.delay_ms) == (Status.PAUSED, True, 0)
 
 
 # --- cron --------------------------------------------------------------------------------------------

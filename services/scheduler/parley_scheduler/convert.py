@@ -155,5 +155,6 @@ def task_of(row: Row, *, db_now: datetime | None = None) -> scheduler_pb2.Task:
 
 
 def executing(row: Row) -> bool:
+    """A live lease holds the task, or one of its runs (a non-blocking task's)."""
     expires = row["lease_expires_at"]
-    return expires is not None and expires > row["db_now"]
+    return (expires is not None and expires > row["db_now"]) or bool(row.get("live_runs"))

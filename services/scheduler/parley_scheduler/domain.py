@@ -257,10 +257,9 @@ def validate_schedule(meta: MetadataInput, *, repeat: bool) -> Schedule:
             raise schedule_invalid("metadata.cron", f"is invalid: {exc}") from None
     elif repeat and interval is None:
         raise schedule_invalid("metadata.update_interval_ms", "is required for a repeat task (or set cron)")
+    # A blocking task's one run is leased on its row; a non-blocking repeat task's runs each have
+    # a lease of their own, so a slot is claimed when it comes due even while earlier runs go on.
     blocking = True if meta.blocking is None else meta.blocking
-    if not blocking:
-        # A lease per task row is what keeps runs apart; overlapping runs would need a lease per run.
-        raise schedule_invalid("metadata.blocking", "false is not supported: runs of a task never overlap")
     return Schedule(
         update_interval_ms=interval,
         base_interval_ms=base,
@@ -394,6 +393,31 @@ def next_slot_after(schedule: Schedule, ideal: datetime, now: datetime) -> datet
     step = timedelta(milliseconds=schedule.update_interval_ms or DEFAULT_BACKOFF_BASE_MS)
     missed = math.floor((now - ideal) / step) + 1
     return ideal + step * max(1, missed)
+
+
+def concurrent(state: TaskState) -> bool:
+    """Whether the task's runs may overlap: a repeat task with ``blocking: false``."""
+    return state.repeat and not state.schedule.blocking
+
+
+def slot_after_claim(state: TaskState, now: datetime) -> tuple[datetime, datetime]:
+    """(next_run_at, ready_at) of a non-blocking task whose slot ``state.next_run_at`` was just claimed:
+    the first slot of its cadence after both the claimed one and now. The schedule moves on at the
+    claim, not at the run's end; after downtime the late slot runs once and the cadence goes on."""
+    s = state.schedule
+    following = next_slot_after(s, state.next_run_at, max(now, state.next_run_at))
+    return following, ready_at(following, s, repeat=True)
+
+
+def for_concurrent_run(completion: Completion) -> Completion:
+    """A non-blocking task's run outcome. Its next slot was set when the run was claimed, so a success
+    or a skip leaves it where it is; a failure's backoff (or retry_at, or a no-worker retry) may only
+    push it later. Failure counting, backoff intervals and pauses apply as to any run."""
+    if completion.outcome in (Outcome.SUCCEEDED, Outcome.SKIPPED) or (
+        completion.keep_schedule and not completion.delay_ms
+    ):
+        return replace(completion, next_at=None, delay_ms=0, keep_schedule=True)
+    return completion
 
 
 def clip_error(text: str) -> str:

@@ -9,8 +9,12 @@ One replica's moving parts:
   the lease token and a deadline; the worker heartbeats to this replica, which
   extends the lease, and a worker silent for a whole lease gives the lease up
   so the slot is claimed again as the next attempt;
+- a **non-blocking** repeat task's runs may overlap: each claimed slot is a run
+  with a lease of its own, and its claimer sets the task's next slot before it
+  dispatches the run, so the next slot is claimed when it comes due;
 - the **completer** writes the outcomes of many runs in one statement, each
-  fenced by its lease token (group commit);
+  fenced by its lease token (group commit); a non-blocking task's run completes
+  on its own, a compare-and-set against the other runs' completions;
 - **maintenance** refreshes the due gauge and resumes orphaned tasks whose
   worker is back.
 """
@@ -19,12 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import secrets
 import socket
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import UTC, timedelta
 from typing import Any
 
@@ -44,13 +50,19 @@ from parley_platform.worker import PROBE_HEADER, run_subject
 
 from . import domain
 from .convert import OUTCOME_VALUES, task_of
-from .store import NOTIFY_CHANNEL, Claimed, SchedulerStore, completion_row
+from .store import NOTIFY_CHANNEL, Claimed, SchedulerStore, completion_row, run_completion_row, state_of
 
 log = get_logger(__name__)
 
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 # How long a reply may take to arrive after the worker's own deadline cancelled the run.
 REPLY_MARGIN_SECONDS = 2.0
+# Completions of one non-blocking task's runs racing each other: each lost race means another won.
+FINISH_RUN_TRIES = 20
+
+# A run's outcome as a function of the task's state: a non-blocking task's runs complete
+# concurrently, so the outcome may have to be computed again from the task as it is then.
+Decision = Callable[[domain.TaskState], domain.Completion]
 
 
 def default_replica_name() -> str:
@@ -113,6 +125,7 @@ class EngineConfig:
 
 @dataclass
 class Inflight:
+    task_id: str
     token: int
     deadline: float  # monotonic: the worker must be heard of before this
     lost: bool = False
@@ -249,7 +262,7 @@ class Engine:
         self.metrics = metrics
         self.database_url = database_url
         self.completer = Completer(store)
-        self.inflight: dict[str, Inflight] = {}
+        self.inflight: dict[int, Inflight] = {}  # by lease token: runs of one task may overlap
         self.heartbeat_subject = f"{bus.subjects.ns}.scheduler.heartbeat.{secrets.token_hex(8)}"
         self.started = time.monotonic()
         self._wake = asyncio.Event()
@@ -288,10 +301,10 @@ class Engine:
                 await asyncio.wait(pending, timeout=2)
             # Give the leases of cut-off runs back now rather than at their expiry, so another
             # replica takes them over (as the next attempt) at once.
-            for task_id, entry in abandoned.items():
+            for entry in abandoned.values():
                 with contextlib.suppress(ParleyError, ValueError):
                     await self.store.release_lease(
-                        uuid.UUID(task_id),
+                        uuid.UUID(entry.task_id),
                         entry.token,
                         "the scheduler stopped during the run; its outcome is unknown",
                     )
@@ -408,9 +421,16 @@ class Engine:
         state = claimed.state
         name = state.name
         started = time.perf_counter()
-        lag = (claimed.db_now - claimed.row["ready_at"]).total_seconds()
+        lag = (claimed.db_now - claimed.due).total_seconds()
         report = Report(str(claimed.id), name, claimed.attempt, domain.Outcome.SUCCEEDED)
         try:
+            if claimed.concurrent and claimed.slot is not None and not await self._advance(claimed):
+                # Given up rather than run: whoever takes the lease over sets the slot, then runs it.
+                report.outcome = domain.Outcome.UNCERTAIN
+                report.error = "the next slot could not be set; the run was not dispatched"
+                with contextlib.suppress(ParleyError):
+                    await self.store.release_lease(claimed.id, claimed.token, report.error)
+                return report
             if domain.is_overdue(state, claimed.db_now):
                 self.metrics.overdue.labels(name).inc()
                 log.warning(
@@ -421,15 +441,16 @@ class Engine:
                     missed_run=state.schedule.missed_run.value,
                 )
                 if state.schedule.missed_run is domain.MissedRun.SKIP:
-                    return await self._finish(claimed, domain.on_skip(state, claimed.db_now), report, started)
+                    skip = functools.partial(domain.on_skip, now=claimed.db_now)
+                    return await self._finish(claimed, skip, report, started)
             self.metrics.lag.observe(max(0.0, lag))
-            completion = await self._dispatch(claimed, report)
+            decide = await self._dispatch(claimed, report)
             if slot is not None:
                 slot.release()
-            if completion is None:
+            if decide is None:
                 report.duration_ms = (time.perf_counter() - started) * 1000
                 return report
-            return await self._finish(claimed, completion, report, started)
+            return await self._finish(claimed, decide, report, started)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -440,7 +461,25 @@ class Engine:
         finally:
             self.metrics.executed.labels(name, report.outcome.value).inc()
 
-    async def _dispatch(self, claimed: Claimed, report: Report) -> domain.Completion | None:
+    async def _advance(self, claimed: Claimed) -> bool:
+        """A non-blocking task's slot was claimed: set its next slot, so that the task is claimed again
+        when that comes due, whether or not this run is over. False: the database did not answer; the
+        run is not dispatched and its lease is given up (whoever takes it over sets the slot)."""
+        assert claimed.slot is not None
+        following, ready = domain.slot_after_claim(claimed.state, claimed.db_now)
+        for attempt in range(4):
+            try:
+                # Not applied: the slot was set already (this run was taken over), or an operator moved it.
+                await self.store.advance_slot(claimed.id, claimed.slot, following, ready)
+                return True
+            except ParleyError as exc:
+                if attempt == 3 or not exc.retryable:
+                    log.warning("next slot not set", task_id=str(claimed.id), error=str(exc))
+                    return False
+                await asyncio.sleep(0.05 * 2**attempt)
+        return False
+
+    async def _dispatch(self, claimed: Claimed, report: Report) -> Decision | None:
         """The run's outcome, or None when it is unknown (the lease was given up or lost)."""
         state = claimed.state
         cfg = self.config
@@ -455,8 +494,8 @@ class Engine:
         lease.owner, lease.token, lease.attempt = cfg.owner, claimed.token, claimed.attempt
         lease.expires_at.FromDatetime(claimed.row["lease_expires_at"])
         lease.deadline.FromDatetime(deadline)
-        key = str(claimed.id)
-        entry = Inflight(claimed.token, time.monotonic() + cfg.lease_ms / 1000)
+        key = claimed.token
+        entry = Inflight(str(claimed.id), claimed.token, time.monotonic() + cfg.lease_ms / 1000)
         self.inflight[key] = entry
         sent = time.perf_counter()
         try:
@@ -468,11 +507,13 @@ class Engine:
             )
         except nats.errors.NoRespondersError:
             in_grace = time.monotonic() - self.started < cfg.no_worker_grace
-            completion = domain.on_no_worker(state, in_grace=in_grace, retry_ms=cfg.no_worker_retry_ms)
-            report.error = completion.last_error or ""
+            decide = functools.partial(
+                domain.on_no_worker, in_grace=in_grace, retry_ms=cfg.no_worker_retry_ms
+            )
+            report.error = decide(state).last_error or ""
             if not in_grace:
                 log.warning("no worker serves task", task_id=report.task_id, worker=state.name)
-            return completion
+            return decide
         except (WorkerSilent, nats.errors.TimeoutError, nats.errors.Error) as exc:
             await self._uncertain(claimed, entry, exc, report)
             return None
@@ -497,26 +538,27 @@ class Engine:
             if not request.done():
                 request.cancel()
 
-    def _outcome(self, claimed: Claimed, reply: Msg, report: Report) -> domain.Completion:
-        state = claimed.state
+    def _outcome(self, claimed: Claimed, reply: Msg, report: Report) -> Decision:
         status = (reply.headers or {}).get(STATUS)
         try:
             if status == "error":
                 envelope = common_pb2.Error.FromString(reply.data)
                 error = f"{envelope.code}: {envelope.message}"
                 report.error = error
-                return domain.on_failure(state, claimed.db_now, error=error, retry_at=None)
+                return functools.partial(domain.on_failure, now=claimed.db_now, error=error, retry_at=None)
             result = scheduler_pb2.RunTaskResponse.FromString(reply.data)
         except DecodeError:
             report.error = "the worker's reply does not decode"
-            return domain.on_failure(state, claimed.db_now, error=report.error, retry_at=None)
+            return functools.partial(domain.on_failure, now=claimed.db_now, error=report.error, retry_at=None)
         now = claimed.now()
         if result.failed:
             retry_at = result.retry_at.ToDatetime(tzinfo=UTC) if result.HasField("retry_at") else None
             report.error = result.error
-            return domain.on_failure(state, now, error=result.error, retry_at=retry_at)
+            return functools.partial(domain.on_failure, now=now, error=result.error, retry_at=retry_at)
         next_interval = result.next_interval_ms if result.HasField("next_interval_ms") else None
-        return domain.on_success(state, now, next_interval_ms=next_interval, preserve=result.preserve)
+        return functools.partial(
+            domain.on_success, now=now, next_interval_ms=next_interval, preserve=result.preserve
+        )
 
     async def _uncertain(self, claimed: Claimed, entry: Inflight, exc: BaseException, report: Report) -> None:
         """The worker never answered: give the lease up so the slot runs again as the next attempt."""
@@ -540,10 +582,13 @@ class Engine:
         report.error = reason
         self._wake.set()
 
-    async def _finish(
-        self, claimed: Claimed, completion: domain.Completion, report: Report, started: float
-    ) -> Report:
-        applied, deleted = await self.completer.complete(claimed, completion)
+    async def _finish(self, claimed: Claimed, decide: Decision, report: Report, started: float) -> Report:
+        if claimed.concurrent:
+            applied, completion = await self._finish_run(claimed, decide)
+            deleted = False
+        else:
+            completion = decide(claimed.state)
+            applied, deleted = await self.completer.complete(claimed, completion)
         report.duration_ms = (time.perf_counter() - started) * 1000
         report.deleted = deleted
         if not applied:
@@ -564,6 +609,28 @@ class Engine:
             )
         return report
 
+    async def _finish_run(self, claimed: Claimed, decide: Decision) -> tuple[bool, domain.Completion]:
+        """Complete one run of a non-blocking task: a compare-and-set on the task as the outcome was
+        computed from, computed again from the task as it is when another completion came first."""
+        state = claimed.state
+        for attempt in range(FINISH_RUN_TRIES):
+            completion = domain.for_concurrent_run(decide(state))
+            try:
+                applied, held = await self.store.finish_run(run_completion_row(claimed, state, completion))
+            except ParleyError as exc:
+                if not exc.retryable or attempt == FINISH_RUN_TRIES - 1:
+                    raise
+                await asyncio.sleep(0.01 * 2 ** min(attempt, 5))
+                continue
+            if applied or not held:
+                return applied, completion
+            row = await self.store.get(claimed.id, None)
+            if row is None:
+                return False, completion
+            state = replace(state_of(row), next_run_at=state.next_run_at)
+        log.warning("run completion kept losing to others", task_id=str(claimed.id))
+        return False, completion
+
     # --- heartbeats -------------------------------------------------------------------------
 
     async def _on_heartbeat(self, msg: Msg) -> None:
@@ -571,8 +638,8 @@ class Engine:
             beat = scheduler_pb2.TaskHeartbeat.FromString(msg.data)
         except DecodeError:
             return
-        entry = self.inflight.get(beat.task_id)
-        if entry is None or entry.token != beat.lease_token or entry.lost:
+        entry = self.inflight.get(beat.lease_token)
+        if entry is None or entry.task_id != beat.task_id or entry.lost:
             await self._answer(msg, scheduler_pb2.TaskHeartbeatResponse(held=False))
             return
         entry.deadline = time.monotonic() + self.config.lease_ms / 1000

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -55,7 +55,8 @@ def state_of(row: Row) -> TaskState:
 
 @dataclass(frozen=True)
 class Claimed:
-    """A task this replica holds the lease of."""
+    """A run this replica holds the lease of: the task's own lease (a blocking task, a one-shot), or
+    the lease of one of a non-blocking task's runs (``concurrent``), whose ``slot`` it runs."""
 
     row: Row
     state: TaskState
@@ -63,6 +64,9 @@ class Claimed:
     attempt: int
     db_now: datetime
     reclaimed: bool  # an earlier attempt's lease expired
+    due: datetime  # when the run became due
+    concurrent: bool = False
+    slot: datetime | None = None  # a concurrent run's scheduled slot (None: ExecuteTask)
     received: float = field(default_factory=time.monotonic)
 
     @property
@@ -75,13 +79,31 @@ class Claimed:
 
 
 def _claimed(row: Row) -> Claimed:
+    concurrent = row["run_token"] is not None
+    if concurrent:
+        # The run's lease stands for the task's in what the worker is sent.
+        row = {
+            **row,
+            "lease_token": row["run_token"],
+            "lease_owner": row["run_owner"],
+            "lease_expires_at": row["run_expires_at"],
+            "attempt": row["run_attempt"],
+        }
+    db_now: datetime = row["db_now"]
+    state = state_of(row)
+    if row["run_slot"] is not None:
+        # The rules of this run (is it overdue? which slot follows?) are about its own slot.
+        state = replace(state, next_run_at=row["run_slot"])
     return Claimed(
         row=row,
-        state=state_of(row),
+        state=state,
         token=row["lease_token"],
         attempt=row["attempt"],
-        db_now=row["db_now"],
+        db_now=db_now,
         reclaimed=row["old_expires_at"] is not None,
+        due=row["old_ready_at"] or row["run_slot"] or db_now,
+        concurrent=concurrent,
+        slot=row["run_slot"],
     )
 
 
@@ -135,6 +157,15 @@ def completion_row(claimed: Claimed, completion: Completion) -> dict[str, Any]:
     }
 
 
+def run_completion_row(claimed: Claimed, state: TaskState, completion: Completion) -> dict[str, Any]:
+    """The parameters of ``finish_run``: the completion of a concurrent run, computed from ``state``."""
+    return {
+        **completion_row(claimed, completion),
+        "revision": state.revision,
+        "failure_count_was": state.failure_count,
+    }
+
+
 class SchedulerStore:
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -172,6 +203,24 @@ class SchedulerStore:
             what="finish runs",
         )
         return {str(row["id"]): row["deleted"] for row in rows}
+
+    async def advance_slot(
+        self, task_id: uuid.UUID, slot: datetime, next_run_at: datetime, ready: datetime
+    ) -> bool:
+        """Make a non-blocking task claimable again at its next slot; False if it moved meanwhile."""
+        row = await self.db.fetchone(
+            Q["advance_slot"],
+            {"id": task_id, "slot": slot, "next_run_at": next_run_at, "ready_at": ready},
+            what="advance slot",
+        )
+        return row is not None
+
+    async def finish_run(self, params: dict[str, Any]) -> tuple[bool, bool]:
+        """Complete one concurrent run: (applied, held). Held but not applied: the task changed since
+        the outcome was computed; compute it again. Not held: the run's lease was lost."""
+        row = await self.db.fetchone(Q["finish_run"], params, what="finish run")
+        assert row is not None
+        return bool(row["applied"]), bool(row["held"])
 
     async def extend_lease(self, task_id: uuid.UUID, token: int, lease_ms: int) -> datetime | None:
         row = await self.db.fetchone(

@@ -21,12 +21,17 @@ SELECT r.id, r.agent_id, r.name, r.description, ARRAY(SELECT jsonb_array_element
 RETURNING *;
 
 -- claim_due --
--- One batch for one replica: due queue tasks in due order, and tasks whose lease
+-- One batch for one replica: due queue tasks in due order, and runs whose lease
 -- expired (a crashed scheduler or a silent worker) claimed again as attempt + 1,
 -- the lost attempt recorded as uncertain. SKIP LOCKED: replicas never wait on
 -- each other, and a row locked by one is invisible to the others' claims.
+-- A blocking task (and a one-shot) is leased on its row, so it is claimed again
+-- only once its run is over. A non-blocking repeat task stays active: its slot
+-- gets a run row with a lease of its own, and its ready_at is held (NULL) until
+-- the claimer writes the next slot (advance_slot), so each slot is claimed once.
 WITH due AS (
-    SELECT id, lease_owner AS old_owner, lease_token AS old_token, lease_expires_at AS old_expires_at,
+    SELECT id, blocking OR NOT repeat AS exclusive, ready_at AS old_ready_at,
+           lease_owner AS old_owner, lease_token AS old_token, lease_expires_at AS old_expires_at,
            claimed_at AS old_claimed_at
       FROM scheduler.task
      WHERE status = 'active' AND queued AND ready_at <= now()
@@ -34,7 +39,8 @@ WITH due AS (
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ), expired AS (
-    SELECT id, lease_owner AS old_owner, lease_token AS old_token, lease_expires_at AS old_expires_at,
+    SELECT id, true AS exclusive, ready_at AS old_ready_at,
+           lease_owner AS old_owner, lease_token AS old_token, lease_expires_at AS old_expires_at,
            claimed_at AS old_claimed_at
       FROM scheduler.task
      WHERE status = 'running' AND lease_expires_at <= now()
@@ -52,22 +58,81 @@ WITH due AS (
            lease_expires_at = now() + %(lease_ms)s * interval '1 millisecond',
            claimed_at = now()
       FROM picked p
-     WHERE t.id = p.id
-    RETURNING t.*, p.old_owner, p.old_token, p.old_expires_at, p.old_claimed_at, now() AS db_now
+     WHERE t.id = p.id AND p.exclusive
+    RETURNING t.*, p.old_owner, p.old_token, p.old_expires_at, p.old_claimed_at, p.old_ready_at
+), held AS (
+    UPDATE scheduler.task t
+       SET ready_at = NULL
+      FROM picked p
+     WHERE t.id = p.id AND NOT p.exclusive
+    RETURNING t.*, NULL::text AS old_owner, NULL::bigint AS old_token, NULL::timestamptz AS old_expires_at,
+              NULL::timestamptz AS old_claimed_at, p.old_ready_at
+), started AS (
+    INSERT INTO scheduler.run (lease_token, task_id, slot, attempt, lease_owner, lease_expires_at, claimed_at)
+    SELECT nextval('scheduler.lease_token_seq'), id, next_run_at, 1, %(owner)s,
+           now() + %(lease_ms)s * interval '1 millisecond', now()
+      FROM held
+    RETURNING *
+), lapsed AS (
+    SELECT r.lease_token AS old_token, r.lease_owner AS old_owner, r.lease_expires_at AS old_expires_at,
+           r.claimed_at AS old_claimed_at
+      FROM scheduler.run r
+     WHERE r.lease_expires_at <= now()
+       AND EXISTS (SELECT 1 FROM scheduler.task t WHERE t.id = r.task_id AND t.status = 'active')
+     ORDER BY r.lease_expires_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), retaken AS (
+    UPDATE scheduler.run r
+       SET lease_token = nextval('scheduler.lease_token_seq'),
+           attempt = r.attempt + 1,
+           lease_owner = %(owner)s,
+           lease_expires_at = now() + %(lease_ms)s * interval '1 millisecond',
+           claimed_at = now()
+      FROM lapsed l
+     WHERE r.lease_token = l.old_token
+    RETURNING r.*, l.old_owner, l.old_token, l.old_expires_at, l.old_claimed_at
+), runs AS (
+    SELECT h.*, s.lease_token AS run_token, s.attempt AS run_attempt, s.lease_owner AS run_owner,
+           s.lease_expires_at AS run_expires_at, s.slot AS run_slot
+      FROM held h JOIN started s ON s.task_id = h.id
+    UNION ALL
+    SELECT t.*, r.old_owner, r.old_token, r.old_expires_at, r.old_claimed_at, t.ready_at,
+           r.lease_token, r.attempt, r.lease_owner, r.lease_expires_at, r.slot
+      FROM retaken r JOIN scheduler.task t ON t.id = r.task_id
 ), uncertain AS (
     INSERT INTO scheduler.uncertain_attempt
            (task_id, attempt, agent_id, name, owner, lease_token, claimed_at, expired_at)
     SELECT id, attempt - 1, agent_id, name, old_owner, old_token, old_claimed_at, old_expires_at
       FROM claimed
      WHERE old_expires_at IS NOT NULL
+    UNION ALL
+    SELECT id, run_attempt - 1, agent_id, name, old_owner, old_token, old_claimed_at, old_expires_at
+      FROM runs
+     WHERE old_expires_at IS NOT NULL
 )
-SELECT * FROM claimed;
+SELECT c.*, NULL::bigint AS run_token, NULL::integer AS run_attempt, NULL::text AS run_owner,
+       NULL::timestamptz AS run_expires_at, NULL::timestamptz AS run_slot, now() AS db_now
+  FROM claimed c
+UNION ALL
+SELECT r.*, now() AS db_now FROM runs r;
+
+-- advance_slot --
+-- The claimer of a non-blocking task's slot writes the next slot (computed by the rules),
+-- which makes the task claimable again. Only while the task still holds that slot: an
+-- operator's change in between wins.
+UPDATE scheduler.task
+   SET next_run_at = %(next_run_at)s, ready_at = %(ready_at)s
+ WHERE id = %(id)s AND ready_at IS NULL AND next_run_at = %(slot)s
+RETURNING id;
 
 -- claim_one --
--- ExecuteTask: this task now, whatever its schedule, unless a live lease holds it.
+-- ExecuteTask: this task now, whatever its schedule, unless a live lease holds it
+-- (a non-blocking task's run gets a lease of its own, beside those in flight).
 -- A paused task stays paused (it runs once, then waits for a resume).
 WITH target AS (
-    SELECT id, lease_owner AS old_owner, lease_token AS old_token, lease_expires_at AS old_expires_at,
+    SELECT id, blocking OR NOT repeat AS exclusive, ready_at AS old_ready_at,
+           lease_owner AS old_owner, lease_token AS old_token, lease_expires_at AS old_expires_at,
            claimed_at AS old_claimed_at
       FROM scheduler.task
      WHERE id = %(id)s AND (%(agent_id)s::uuid IS NULL OR agent_id = %(agent_id)s)
@@ -82,8 +147,15 @@ WITH target AS (
            lease_expires_at = now() + %(lease_ms)s * interval '1 millisecond',
            claimed_at = now()
       FROM target p
-     WHERE t.id = p.id
-    RETURNING t.*, p.old_owner, p.old_token, p.old_expires_at, p.old_claimed_at, now() AS db_now
+     WHERE t.id = p.id AND p.exclusive
+    RETURNING t.*, p.old_owner, p.old_token, p.old_expires_at, p.old_claimed_at, p.old_ready_at
+), started AS (
+    INSERT INTO scheduler.run (lease_token, task_id, slot, attempt, lease_owner, lease_expires_at, claimed_at)
+    SELECT nextval('scheduler.lease_token_seq'), id, NULL, 1, %(owner)s,
+           now() + %(lease_ms)s * interval '1 millisecond', now()
+      FROM target
+     WHERE NOT exclusive
+    RETURNING *
 ), uncertain AS (
     INSERT INTO scheduler.uncertain_attempt
            (task_id, attempt, agent_id, name, owner, lease_token, claimed_at, expired_at)
@@ -91,7 +163,13 @@ WITH target AS (
       FROM claimed
      WHERE old_expires_at IS NOT NULL
 )
-SELECT * FROM claimed;
+SELECT c.*, NULL::bigint AS run_token, NULL::integer AS run_attempt, NULL::text AS run_owner,
+       NULL::timestamptz AS run_expires_at, NULL::timestamptz AS run_slot, now() AS db_now
+  FROM claimed c
+UNION ALL
+SELECT t.*, NULL::text, NULL::bigint, NULL::timestamptz, NULL::timestamptz, t.ready_at,
+       s.lease_token, s.attempt, s.lease_owner, s.lease_expires_at, s.slot, now()
+  FROM started s JOIN scheduler.task t ON t.id = s.task_id;
 
 -- finish_runs --
 -- A batch of completions in one statement, each fenced by its lease token: a
@@ -143,27 +221,103 @@ SELECT id, true AS deleted FROM gone
 UNION ALL
 SELECT id, false AS deleted FROM kept;
 
+-- finish_run --
+-- The completion of one run of a non-blocking task, fenced by the run's own lease token.
+-- Runs of the task complete concurrently, so the outcome is a compare-and-set on the
+-- revision and failure count it was computed from: when another completion (or an
+-- operator) came first, nothing is written and the run is reported `held` but not
+-- `applied`, for the caller to compute the outcome again from the task as it is now.
+-- The next slot was set at the claim: an outcome only pushes it later (backoff,
+-- retry_at, a no-worker retry), and a slot being advanced (ready_at NULL) is left alone.
+WITH fenced AS (
+    SELECT t.id, t.revision = %(revision)s AND t.failure_count = %(failure_count_was)s AS current
+      FROM scheduler.task t
+     WHERE t.id = %(id)s
+       AND EXISTS (SELECT 1 FROM scheduler.run r WHERE r.lease_token = %(token)s AND r.task_id = t.id)
+       FOR UPDATE
+), done AS (
+    DELETE FROM scheduler.run r
+     USING fenced f
+     WHERE r.lease_token = %(token)s AND r.task_id = f.id AND f.current
+    RETURNING r.task_id
+), pushed AS (
+    SELECT CASE WHEN %(next_at)s::timestamptz IS NULL AND %(delay_ms)s::bigint = 0 THEN NULL
+                ELSE greatest(coalesce(%(next_at)s::timestamptz, '-infinity'),
+                              now() + %(delay_ms)s::bigint * interval '1 millisecond') END AS at
+), kept AS (
+    UPDATE scheduler.task t
+       SET status = CASE WHEN %(status)s::text IN ('paused', 'failed') THEN %(status)s::text
+                         ELSE t.status END,
+           pause_reason = CASE WHEN %(status)s::text IN ('paused', 'failed') THEN %(pause_reason)s::text
+                               ELSE t.pause_reason END,
+           orphaned_no_worker = CASE WHEN %(status)s::text IN ('paused', 'failed') THEN %(orphaned)s::boolean
+                                     ELSE t.orphaned_no_worker END,
+           failure_count = %(failure_count)s,
+           last_error = %(last_error)s,
+           last_run_at = CASE WHEN %(ran)s::boolean THEN now() ELSE t.last_run_at END,
+           run_count = t.run_count + %(ran)s::boolean::integer,
+           update_interval_ms = %(update_interval_ms)s,
+           base_interval_ms = %(base_interval_ms)s,
+           next_run_at = CASE WHEN t.ready_at IS NULL OR p.at IS NULL THEN t.next_run_at
+                              ELSE greatest(t.next_run_at, p.at) END,
+           ready_at = CASE WHEN t.ready_at IS NULL OR p.at IS NULL THEN t.ready_at
+                           ELSE greatest(t.ready_at,
+                                         p.at - %(not_before_ms)s::bigint * interval '1 millisecond') END,
+           updated_at = now()
+      FROM done d, pushed p
+     WHERE t.id = d.task_id
+    RETURNING t.id
+)
+SELECT (SELECT count(*) FROM kept) > 0 AS applied, (SELECT count(*) FROM fenced) > 0 AS held;
+
 -- extend_lease --
--- A heartbeat of a long run: only the current claim may extend its lease.
-UPDATE scheduler.task
-   SET lease_expires_at = now() + %(lease_ms)s * interval '1 millisecond'
- WHERE id = %(id)s AND lease_token = %(token)s AND lease_expires_at IS NOT NULL
-RETURNING lease_expires_at;
+-- A heartbeat of a long run: only the current claim may extend its lease (a
+-- blocking task's on its row, a non-blocking task's run on the run).
+WITH task_lease AS (
+    UPDATE scheduler.task
+       SET lease_expires_at = now() + %(lease_ms)s * interval '1 millisecond'
+     WHERE id = %(id)s AND lease_token = %(token)s AND lease_expires_at IS NOT NULL
+    RETURNING lease_expires_at
+), run_lease AS (
+    UPDATE scheduler.run
+       SET lease_expires_at = now() + %(lease_ms)s * interval '1 millisecond'
+     WHERE lease_token = %(token)s AND task_id = %(id)s
+    RETURNING lease_expires_at
+)
+SELECT lease_expires_at FROM task_lease
+UNION ALL
+SELECT lease_expires_at FROM run_lease;
 
 -- release_lease --
 -- The worker went silent: give the lease up now so the slot is claimed again
 -- (as attempt + 1) without waiting out the expiry.
-UPDATE scheduler.task
-   SET lease_expires_at = least(lease_expires_at, now()),
-       last_error = %(error)s
- WHERE id = %(id)s AND lease_token = %(token)s AND lease_expires_at IS NOT NULL
-RETURNING id;
+WITH task_lease AS (
+    UPDATE scheduler.task
+       SET lease_expires_at = least(lease_expires_at, now()),
+           last_error = %(error)s
+     WHERE id = %(id)s AND lease_token = %(token)s AND lease_expires_at IS NOT NULL
+    RETURNING id
+), run_lease AS (
+    UPDATE scheduler.run
+       SET lease_expires_at = least(lease_expires_at, now())
+     WHERE lease_token = %(token)s AND task_id = %(id)s
+    RETURNING task_id
+), noted AS (
+    UPDATE scheduler.task
+       SET last_error = %(error)s
+     WHERE id IN (SELECT task_id FROM run_lease)
+)
+SELECT id FROM task_lease
+UNION ALL
+SELECT task_id FROM run_lease;
 
 -- next_wakeup --
 -- When the claim loop has something to do next: the earliest due queue task or
--- lease expiry (both from their partial indexes).
+-- lease expiry that a claim would take (each from its index).
 SELECT least((SELECT min(ready_at) FROM scheduler.task WHERE status = 'active' AND queued),
-             (SELECT min(lease_expires_at) FROM scheduler.task WHERE status = 'running')) AS at,
+             (SELECT min(lease_expires_at) FROM scheduler.task WHERE status = 'running'),
+             (SELECT min(r.lease_expires_at)
+                FROM scheduler.run r JOIN scheduler.task t ON t.id = r.task_id AND t.status = 'active')) AS at,
        now() AS db_now;
 
 -- count_due --
@@ -172,9 +326,11 @@ SELECT count(*) AS due
  WHERE status = 'active' AND queued AND ready_at <= now();
 
 -- get_task --
-SELECT *, now() AS db_now
-  FROM scheduler.task
- WHERE id = %(id)s AND (%(agent_id)s::uuid IS NULL OR agent_id = %(agent_id)s);
+SELECT t.*, now() AS db_now,
+       (SELECT count(*) FROM scheduler.run r WHERE r.task_id = t.id AND r.lease_expires_at > now())
+           AS live_runs
+  FROM scheduler.task t
+ WHERE t.id = %(id)s AND (%(agent_id)s::uuid IS NULL OR t.agent_id = %(agent_id)s);
 
 -- uncertain_attempts --
 SELECT attempt, owner, claimed_at, expired_at, reclaimed_at
@@ -215,7 +371,10 @@ UPDATE scheduler.task
        timeout_ms = %(timeout_ms)s,
        "values" = %(values)s,
        next_run_at = %(next_run_at)s,
-       ready_at = %(ready_at)s,
+       -- A slot being advanced by its claimer stays held unless the change moved it.
+       ready_at = CASE WHEN ready_at IS NULL AND next_run_at = %(next_run_at)s
+                            AND 'repeat' = ANY (%(tags)s::text[])
+                       THEN NULL ELSE %(ready_at)s END,
        revision = revision + 1,
        updated_at = now()
  WHERE id = %(id)s AND revision = %(revision)s
@@ -268,7 +427,8 @@ SELECT DISTINCT name FROM scheduler.task WHERE orphaned_no_worker;
 -- A worker for the name is back: its orphaned tasks resume and run at once.
 UPDATE scheduler.task
    SET status = 'active', pause_reason = NULL, orphaned_no_worker = false, last_error = NULL,
-       ready_at = least(ready_at, now()), revision = revision + 1, updated_at = now()
+       ready_at = CASE WHEN ready_at IS NULL THEN NULL ELSE least(ready_at, now()) END,
+       revision = revision + 1, updated_at = now()
  WHERE name = %(name)s AND orphaned_no_worker AND status = 'paused' AND lease_expires_at IS NULL
 RETURNING id;
 

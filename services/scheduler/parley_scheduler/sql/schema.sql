@@ -42,7 +42,8 @@ CREATE TABLE scheduler.task (
     run_count           bigint NOT NULL DEFAULT 0,
     -- The ideal time of the next run, and when it becomes due (not_before earlier).
     next_run_at         timestamptz NOT NULL,
-    ready_at            timestamptz NOT NULL,
+    -- NULL: a non-blocking run just claimed the slot and its claimer computes the next one.
+    ready_at            timestamptz,
     orphaned_no_worker  boolean NOT NULL DEFAULT false,
     -- The lease of the run in progress. The token only grows; a held lease has an expiry.
     attempt             integer NOT NULL DEFAULT 0 CHECK (attempt >= 0),
@@ -59,7 +60,8 @@ CREATE TABLE scheduler.task (
     CONSTRAINT task_active_is_not_leased CHECK (status <> 'active' OR lease_expires_at IS NULL),
     CONSTRAINT task_lease_has_owner CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL)),
     CONSTRAINT task_paused_has_reason CHECK ((status = 'paused') = (pause_reason IS NOT NULL)),
-    CONSTRAINT task_orphan_is_paused CHECK (NOT orphaned_no_worker OR status = 'paused')
+    CONSTRAINT task_orphan_is_paused CHECK (NOT orphaned_no_worker OR status = 'paused'),
+    CONSTRAINT task_held_is_repeat CHECK (ready_at IS NOT NULL OR repeat)
 );
 
 -- The claim loop's two scans: due queue tasks by due time, and expired leases.
@@ -67,6 +69,24 @@ CREATE INDEX task_due ON scheduler.task (ready_at) WHERE status = 'active' AND q
 CREATE INDEX task_leased ON scheduler.task (lease_expires_at) WHERE status = 'running';
 CREATE INDEX task_agent ON scheduler.task (agent_id, created_at, id);
 CREATE INDEX task_orphaned ON scheduler.task (name) WHERE orphaned_no_worker;
+
+-- The runs in flight of non-blocking repeat tasks, one per claimed slot (or ExecuteTask, slot
+-- NULL), each with a lease of its own; a blocking task's one run is leased on its row. The fencing
+-- token comes from the same sequence as the task leases'.
+CREATE TABLE scheduler.run (
+    lease_token       bigint PRIMARY KEY,
+    task_id           uuid NOT NULL REFERENCES scheduler.task (id) ON DELETE CASCADE,
+    slot              timestamptz,
+    attempt           integer NOT NULL CHECK (attempt >= 1),
+    lease_owner       text NOT NULL,
+    lease_expires_at  timestamptz NOT NULL,
+    claimed_at        timestamptz NOT NULL
+);
+
+CREATE INDEX run_task ON scheduler.run (task_id);
+CREATE INDEX run_leased ON scheduler.run (lease_expires_at);
+-- Two runs of one slot cannot be in flight at once.
+CREATE UNIQUE INDEX run_one_per_slot ON scheduler.run (task_id, slot) WHERE slot IS NOT NULL;
 
 -- Attempts whose lease expired before they completed: they may or may not have
 -- run. Written by the claim that takes the task over, kept after the task is gone.
@@ -106,5 +126,5 @@ END
 $$;
 
 CREATE TRIGGER task_ready AFTER INSERT OR UPDATE OF status, ready_at ON scheduler.task
-    FOR EACH ROW WHEN (NEW.status = 'active' AND NEW.queued)
+    FOR EACH ROW WHEN (NEW.status = 'active' AND NEW.queued AND NEW.ready_at IS NOT NULL)
     EXECUTE FUNCTION scheduler.notify_ready();
