@@ -245,3 +245,30 @@ async def test_constraints_refuse_impossible_states(database: str, store: Schedu
         ):
             with pytest.raises(psycopg.errors.CheckViolation):
                 await conn.execute(bad, (task_id,))
+
+
+async def test_uncertain_attempts_are_pruned_after_their_retention(
+    store: SchedulerStore, database: str
+) -> None:
+    async with await psycopg.AsyncConnection.connect(database, autocommit=True) as conn:
+        await conn.execute(
+            "INSERT INTO scheduler.uncertain_attempt"
+            " (task_id, attempt, agent_id, name, owner, lease_token, expired_at, reclaimed_at)"
+            " SELECT gen_random_uuid(), 1, %s, 'OLD', 'replica', g, now(), now() - g * interval '1 hour'"
+            "   FROM generate_series(1, 30) g",
+            (AGENT,),
+        )
+    # 30 attempts reclaimed 1..30 hours ago; a retention of 10.5 hours keeps the 10 youngest.
+    retention_ms = round(10.5 * 3600 * 1000)
+    assert await store.prune_uncertain(retention_ms, limit=15) == 15  # oldest first, bounded
+    assert await store.prune_uncertain(retention_ms, limit=15) == 5
+    assert await store.prune_uncertain(retention_ms, limit=15) == 0
+    async with await psycopg.AsyncConnection.connect(database) as conn:
+        cur = await conn.execute(
+            "SELECT min(now() - reclaimed_at), max(now() - reclaimed_at), count(*)"
+            " FROM scheduler.uncertain_attempt"
+        )
+        youngest, oldest, kept = await cur.fetchone()  # type: ignore[misc]
+    assert kept == 10
+    assert timedelta(hours=0.9) < youngest
+    assert oldest < timedelta(hours=10.1)

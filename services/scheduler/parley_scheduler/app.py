@@ -68,6 +68,7 @@ class SchedulerApp:
                 no_worker_grace=s.scheduler_no_worker_grace_seconds,
                 no_worker_retry_ms=round(s.scheduler_no_worker_retry_seconds * 1000),
                 maintenance_interval=s.scheduler_maintenance_seconds,
+                uncertain_retention_ms=round(s.scheduler_uncertain_retention_days * 86_400_000),
             ),
             metrics=metrics,
             database_url=s.database_url,

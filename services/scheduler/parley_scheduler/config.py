@@ -30,5 +30,7 @@ class SchedulerSettings(Settings):
     scheduler_no_worker_retry_seconds: float = Field(default=1.0, gt=0)
     # How often orphaned workers are probed and the due gauge refreshed.
     scheduler_maintenance_seconds: float = Field(default=5.0, gt=0)
+    # How long uncertain attempts (runs lost with their lease) stay visible before maintenance prunes them.
+    scheduler_uncertain_retention_days: float = Field(default=30.0, gt=0)
     # Name of this replica in leases; default host-pid-random.
     scheduler_replica: str = ""

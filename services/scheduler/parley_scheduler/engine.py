@@ -15,8 +15,8 @@ One replica's moving parts:
 - the **completer** writes the outcomes of many runs in one statement, each
   fenced by its lease token (group commit); a non-blocking task's run completes
   on its own, a compare-and-set against the other runs' completions;
-- **maintenance** refreshes the due gauge and resumes orphaned tasks whose
-  worker is back.
+- **maintenance** refreshes the due gauge, prunes uncertain attempts past their retention and
+  resumes orphaned tasks whose worker is back.
 """
 
 from __future__ import annotations
@@ -121,6 +121,7 @@ class EngineConfig:
     no_worker_grace: float
     no_worker_retry_ms: int
     maintenance_interval: float
+    uncertain_retention_ms: int = 30 * 86_400_000
 
 
 @dataclass
@@ -676,6 +677,9 @@ class Engine:
         while not self._stopping.is_set():
             try:
                 self.metrics.due.set(await self.store.count_due())
+                pruned = await self.store.prune_uncertain(self.config.uncertain_retention_ms)
+                if pruned:
+                    log.info("uncertain attempts past their retention pruned", count=pruned)
                 for name in await self.store.orphaned_names():
                     if await self.worker_present(name):
                         resumed = await self.store.resume_orphans(name)

@@ -247,6 +247,15 @@ class SchedulerStore:
     async def get(self, task_id: uuid.UUID, agent_id: uuid.UUID | None) -> Row | None:
         return await self.db.fetchone(Q["get_task"], {"id": task_id, "agent_id": agent_id}, what="get task")
 
+    async def prune_uncertain(self, retention_ms: int, limit: int = 1000) -> int:
+        """Delete up to ``limit`` uncertain attempts older than the retention; how many went."""
+        rows = await self.db.fetchall(
+            Q["prune_uncertain"],
+            {"retention_ms": retention_ms, "limit": limit},
+            what="prune uncertain attempts",
+        )
+        return len(rows)
+
     async def uncertain_attempts(self, task_id: uuid.UUID, agent_id: uuid.UUID | None) -> list[Row]:
         return await self.db.fetchall(
             Q["uncertain_attempts"], {"id": task_id, "agent_id": agent_id}, what="uncertain attempts"

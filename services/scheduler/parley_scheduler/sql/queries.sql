@@ -436,3 +436,18 @@ RETURNING id;
 INSERT INTO scheduler.worker (name, service)
 VALUES (%(name)s, %(service)s)
 ON CONFLICT (name, service) DO UPDATE SET last_seen = now();
+
+-- prune_uncertain --
+-- Retention: uncertain attempts recorded before the cutoff, oldest first, a bounded batch per
+-- statement so that pruning never holds many rows at once.
+WITH old AS (
+    SELECT task_id, lease_token FROM scheduler.uncertain_attempt
+     WHERE reclaimed_at < now() - %(retention_ms)s * interval '1 millisecond'
+     ORDER BY reclaimed_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM scheduler.uncertain_attempt u
+ USING old
+ WHERE u.task_id = old.task_id AND u.lease_token = old.lease_token
+RETURNING u.task_id;

@@ -104,6 +104,8 @@ CREATE TABLE scheduler.uncertain_attempt (
 );
 
 CREATE INDEX uncertain_attempt_agent ON scheduler.uncertain_attempt (agent_id, reclaimed_at);
+-- Retention: pruned oldest first (PARLEY_SCHEDULER_UNCERTAIN_RETENTION_DAYS).
+CREATE INDEX uncertain_attempt_reclaimed ON scheduler.uncertain_attempt (reclaimed_at);
 
 -- Workers that announced themselves (RegisterWorker); subscribing is enough to serve.
 CREATE TABLE scheduler.worker (
