@@ -56,6 +56,8 @@ def gateway(env: SessionEnv, logs: Path, namespace: str, **extra: str) -> Servic
         PARLEY_GATEWAY_METRICS_PORT=str(free_port()),
         PARLEY_SCRIPTED_RULES=str(rules),
         PARLEY_LEDGER_FLUSH_MS="50",
+        # These tests drain on the gateway's own timer; test_gateway_drains.py has the scheduler's.
+        PARLEY_BATCHER_SELF_DRAIN="true",
         PARLEY_BATCHER_TICK_MS="50",
         **extra,
     )

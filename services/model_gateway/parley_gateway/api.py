@@ -180,10 +180,12 @@ class GatewayApi:
         batcher: Batcher,
         *,
         budget_changed: Callable[[str], Awaitable[None]],
+        section_added: Callable[[Section], Awaitable[None]] | None = None,
     ) -> None:
         self.engine = engine
         self.batcher = batcher
         self.budget_changed = budget_changed
+        self.section_added = section_added
 
     async def Generate(self, request: model_pb2.GenerateRequest) -> model_pb2.GenerateResponse:
         return to_response(await self.engine.generate(to_call(request, "generate")))
@@ -302,7 +304,10 @@ class GatewayApi:
     async def AddSection(self, request: model_pb2.AddSectionRequest) -> model_pb2.AddSectionResponse:
         if not request.HasField("section"):
             raise InvalidArgument("section is required", code="INVALID_SECTION")
-        registered = await self.batcher.add(to_section(request.section))
+        section = to_section(request.section)
+        registered = await self.batcher.add(section)
+        if registered and self.section_added is not None:
+            await self.section_added(section)
         return model_pb2.AddSectionResponse(registered=registered, already_registered=not registered)
 
     async def Drain(self, request: model_pb2.DrainRequest) -> model_pb2.DrainResponse:

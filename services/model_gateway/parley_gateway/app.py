@@ -19,13 +19,15 @@ from parley_platform.lifecycle import shutdown_in_order
 from parley_platform.logging import get_logger
 from parley_platform.metrics import MessagingMetrics, MetricsServer, serve
 from parley_platform.postgres import Database, migrate
-from parley_platform.rpc import RpcServer
+from parley_platform.rpc import RpcClient, RpcServer
 from parley_platform.service import grpc_binding, register_nats
+from parley_platform.worker import WorkerHost
 
 from .api import MODEL_TYPES, GatewayApi
 from .batcher import Batcher, DrainTimer
 from .batching import load_config
 from .config import GatewaySettings
+from .drains import ScheduledDrains
 from .engine import Budgets, Engine, GatewayMetrics, Ledger, Protected
 from .local import LocalEmbedder, LocalProvider
 from .protection import CircuitBreaker, Limiter, RetryPolicy
@@ -137,6 +139,7 @@ class GatewayApp:
         self.db: Database | None = None
         self.ledger: Ledger | None = None
         self.timer: DrainTimer | None = None
+        self.drain_workers: WorkerHost | None = None
         self.providers: list[Provider] = []
         self.embedder: Embedder | None = None
         self.budget_sub: Any = None
@@ -219,7 +222,10 @@ class GatewayApp:
             holder=f"gateway-{secrets.token_hex(4)}",
             lease_seconds=s.batcher_drain_lease_seconds,
         )
-        self.api = GatewayApi(engine, batcher, budget_changed=budget_changed)
+        drains = None if s.batcher_self_drain else ScheduledDrains(batcher, RpcClient(self.bus))
+        self.api = GatewayApi(
+            engine, batcher, budget_changed=budget_changed, section_added=drains.on_added if drains else None
+        )
         self.rpc_server = RpcServer(self.bus, SERVICE, metrics=MessagingMetrics(self.registry))
         register_nats(self.rpc_server, self.api, model_pb2, "ModelGateway")
         await self.rpc_server.start()
@@ -230,7 +236,12 @@ class GatewayApp:
             token=s.operator_token.get_secret_value(),
             default_timeout=max(60.0, s.provider_timeout_seconds * s.retry_attempts),
         )
-        if s.batcher_self_drain:
+        if drains is not None:
+            self.drain_workers = WorkerHost(
+                self.bus, service=SERVICE, workers=drains.workers(), registry=self.registry
+            )
+            await self.drain_workers.start()
+        else:
             self.timer = DrainTimer(batcher, s.batcher_tick_ms / 1000)
             self.timer.start()
         self.metrics_server = serve(
@@ -248,6 +259,8 @@ class GatewayApp:
         steps: list[tuple[str, Callable[[], Awaitable[object]]]] = []
         if self.timer:
             steps.append(("drain timer", self.timer.stop))
+        if self.drain_workers:
+            steps.append(("drain worker", partial(self.drain_workers.stop, 5)))
         if self.rpc_server:
             steps.append(("rpc", partial(self.rpc_server.stop, 5)))
         if self.grpc:

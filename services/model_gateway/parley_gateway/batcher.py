@@ -5,9 +5,9 @@ the due sections (one statement), packs them into calls that run through the sam
 every other generation, splits the answers back per section, retries what came back missing
 or invalid, falls back after that, stores and publishes the results, and gives the lease back.
 
-When drains happen belongs to the scheduler (a BATCHER_DRAIN task per affinity). Until it
-drives them, ``DrainTimer`` below drains each affinity on its interval: that is the one
-place to change when it does (``PARLEY_BATCHER_SELF_DRAIN=false``).
+When drains happen belongs to the scheduler: a BATCHER_DRAIN task per affinity (drains.py).
+A gateway without the scheduler (``PARLEY_BATCHER_SELF_DRAIN=true``) drains each affinity on
+its interval with ``DrainTimer`` below instead.
 """
 
 from __future__ import annotations

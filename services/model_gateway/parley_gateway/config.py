@@ -70,7 +70,8 @@ class GatewaySettings(Settings):
     # The usage ledger is written in batches, at most this long after a call.
     ledger_flush_ms: int = Field(default=500, ge=10, le=60_000)
 
-    # Until the scheduler drives drains (BATCHER_DRAIN tasks), the gateway drains on its own.
-    batcher_self_drain: bool = True
+    # The scheduler drives drains (a BATCHER_DRAIN task per affinity); true drains on a timer in the
+    # gateway instead, for a gateway that runs without the scheduler.
+    batcher_self_drain: bool = False
     batcher_tick_ms: int = Field(default=250, ge=10, le=60_000)
     batcher_drain_lease_seconds: float = Field(default=120.0, gt=1, le=3600)
