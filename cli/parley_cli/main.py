@@ -17,9 +17,11 @@ from parley_platform import infra
 from parley_platform.errors import ParleyError
 
 from . import (
+    actions_commands,
     authz_commands,
     client,
     config,
+    documents_commands,
     models_commands,
     pairing_commands,
     scheduler_commands,
@@ -213,10 +215,12 @@ async def cmd_memories(args: argparse.Namespace) -> int:
 # Each service's operator commands live in a module of their own with a
 # `register(subparsers)` function; add the module here.
 COMMAND_MODULES: list[ModuleType] = [
+    actions_commands,
     pairing_commands,
     authz_commands,
     scheduler_commands,
     models_commands,
+    documents_commands,
 ]
 
 

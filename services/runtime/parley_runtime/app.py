@@ -10,7 +10,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from parley.v1 import runtime_pb2, runtime_pb2_grpc
+from parley.v1 import documents_pb2, documents_pb2_grpc, runtime_pb2, runtime_pb2_grpc
 from parley_platform.bus import Bus, ConsumerSpec
 from parley_platform.consumer import PullConsumer
 from parley_platform.errors import InvalidArgument, ParleyError
@@ -29,6 +29,8 @@ from .api import API_SOURCE, ReplyWaiters, RuntimeApi
 from .character import load_characters
 from .config import RuntimeSettings
 from .confirmations import CLAIMED, SETTLED
+from .custom.service import CustomActionsService
+from .documents import DocumentsApi, DocumentStore
 from .secrets import SecretBox, check_salt
 from .store import MIGRATIONS_DIR, SCHEMA, RuntimeStore
 from .tasks import cancel, runtime_workers, spawn_ensure_tasks
@@ -120,6 +122,7 @@ class RuntimeApp:
                 await self.directory.on_changed(msg.data.decode(errors="replace"))
 
         self.directory.connect(announce)
+        self.custom = CustomActionsService.create(s, self.db, self.directory)
         self.changes_sub = await self.bus.subscribe(changes, on_change)
         self.api = RuntimeApi(
             store=self.store,
@@ -130,9 +133,18 @@ class RuntimeApp:
         )
         self.rpc_server = RpcServer(self.bus, SERVICE, metrics=messaging)
         register_nats(self.rpc_server, self.api, runtime_pb2, "Runtime")
+        self.custom.register_nats(self.rpc_server)
+        self.documents = DocumentsApi(
+            store=DocumentStore(self.db), directory=self.directory, embed=self.turns.embed
+        )
+        register_nats(self.rpc_server, self.documents, documents_pb2, "Documents")
         await self.rpc_server.start()
         self.grpc = await start_grpc_server(
-            [grpc_binding(self.api, runtime_pb2, runtime_pb2_grpc, "Runtime")],
+            [
+                grpc_binding(self.api, runtime_pb2, runtime_pb2_grpc, "Runtime"),
+                grpc_binding(self.documents, documents_pb2, documents_pb2_grpc, "Documents"),
+                self.custom.grpc_binding(),
+            ],
             host=s.grpc_host,
             port=s.runtime_grpc_port,
             token=s.operator_token.get_secret_value(),
@@ -146,7 +158,7 @@ class RuntimeApp:
                 ack_wait_seconds=s.ack_wait_seconds,
                 max_deliver=s.max_deliver,
             ),
-            self.turns.handle,
+            self.custom.before_turns(self.turns.handle),
             concurrency=s.turn_concurrency,
             metrics=messaging,
             on_exhausted=self.turns.exhausted,
@@ -164,7 +176,7 @@ class RuntimeApp:
                     ack_wait_seconds=s.ack_wait_seconds,
                     max_deliver=s.max_deliver,
                 ),
-                self.turns.confirmations.on_event,
+                self.custom.before_events(self.turns.confirmations.on_event),
                 concurrency=16,
                 metrics=messaging,
             )

@@ -12,6 +12,7 @@ from parley_platform.errors import ParleyError
 from .actions import _json_object
 from .agent_settings import setting_bool
 from .context import TurnContext
+from .documents import knowledge
 from .plugin import (
     Action,
     ActionResult,
@@ -299,6 +300,9 @@ basic_capabilities = Plugin(
         Provider("TIME", _time, "the current time", position=-10),
         Provider("ENTITIES", _entities, "the people in the room", position=0),
         Provider("FACTS", _facts, "what the agent remembers that relates to the message", position=10),
+        Provider(
+            "KNOWLEDGE", knowledge, "documents the sender may read that relate to the message", position=15
+        ),
         Provider("ATTACHMENTS", _attachments, "files attached to the message", position=20),
         Provider("RECENT_MESSAGES", _recent_messages, "the room's recent messages", position=100),
     ),

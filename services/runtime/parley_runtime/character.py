@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from parley_platform.errors import InvalidArgument
 
 from . import ids
+from .custom.definitions import CustomActionDef
 
 
 class MessageExample(BaseModel):
@@ -37,6 +38,8 @@ class Character(BaseModel):
     secrets: dict[str, str] = Field(default_factory=dict)
     plugins: list[str] = Field(default_factory=list)
     templates: dict[str, str] = Field(default_factory=dict)
+    # Actions with an http, shell or code handler (parley_runtime/custom); only enabled ones are used.
+    custom_actions: list[CustomActionDef] = Field(default_factory=list, alias="customActions")
     enabled: bool = True
 
     @field_validator("bio", mode="before")

@@ -25,3 +25,11 @@ class RuntimeSettings(Settings):
     trajectory_logging: str | None = None
     secret_salt: SecretStr | None = None
     allow_default_secret_salt: bool = False
+    # Custom actions (parley_runtime/custom): a YAML/JSON file of definitions for every agent, and
+    # the operator's switches. Shell and code handlers run on this host, so they stay off unless
+    # enabled here; the http handler reaches public addresses only, except the hosts (names,
+    # addresses or CIDR networks, comma-separated) allowed here.
+    custom_actions_file: Path | None = None
+    custom_actions_shell: bool = False
+    custom_actions_code: bool = False
+    custom_actions_allow_hosts: str = ""

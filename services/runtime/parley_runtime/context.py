@@ -59,6 +59,17 @@ class PendingCall:
 
 
 @dataclass(frozen=True)
+class KnowledgeHit:
+    """A fragment of a document the message's sender may read (see documents.py)."""
+
+    document_id: str
+    title: str
+    position: int
+    text: str
+    similarity: float
+
+
+@dataclass(frozen=True)
 class MemoryHit:
     id: str
     kind: str
@@ -85,6 +96,10 @@ class RuntimeServices(Protocol):
     def get_setting(self, key: str) -> object | None: ...
 
     async def action_catalog(self) -> str: ...
+
+    async def search_documents(self, text: str, *, limit: int = 5) -> list[KnowledgeHit]:
+        """Fragments of the documents the message's sender may read, most similar first."""
+        ...
 
     async def pending_confirmations(self) -> list[PendingCall]:
         """The room's actions waiting for a decision."""

@@ -39,7 +39,17 @@ from .actions import describe, permission_error, resolve_action_args, schema_err
 from .agent_settings import setting_list
 from .agents import AgentDirectory, AgentInfo
 from .confirmations import Confirmations, Proposal, needs_confirmation
-from .context import HistoryLine, MemoryHit, MessageView, Participant, PendingCall, State, TurnContext
+from .context import (
+    HistoryLine,
+    KnowledgeHit,
+    MemoryHit,
+    MessageView,
+    Participant,
+    PendingCall,
+    State,
+    TurnContext,
+)
+from .documents import DocumentStore, Requester
 from .parser import ParsedResponse, normalize_actions, parse_or_plain, parse_response
 from .plugin import Action, ActionResult, Callback, Content, Provider
 from .prompt import Segment, build_turn_prompt, join_segments
@@ -279,6 +289,18 @@ class TurnServices:
 
     async def action_catalog(self) -> str:
         return describe(await self.agent.catalog.available(self._ctx[0]))
+
+    async def search_documents(self, text: str, *, limit: int = 5) -> list[KnowledgeHit]:
+        documents = DocumentStore(self.p.store.db)
+        if not text.strip() or not await documents.has_documents(self.agent.id):
+            return []
+        [vector] = await self.p.embed([text], self.agent.id)
+        # As the sender: the rules of their roles apply inside the search's SQL.
+        requester = Requester(self._ctx[0].message.sender_id)
+        return [
+            KnowledgeHit(str(f.document_id), f.title, f.position, f.text, f.similarity)
+            for f in await documents.search(self.agent.id, requester, vector, limit)
+        ]
 
     async def pending_confirmations(self) -> list[PendingCall]:
         return await self.p.confirmations.pending(self.agent, self.room_id)

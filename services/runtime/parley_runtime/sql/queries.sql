@@ -337,3 +337,207 @@ SELECT * FROM runtime.tool_call WHERE agent_id = %(agent_id)s AND tool_call_id =
 
 -- get_tool_calls --
 SELECT * FROM runtime.tool_call WHERE agent_id = %(agent_id)s AND tool_call_id = ANY(%(ids)s::text[]);
+
+
+-- ---------------------------------------------------------------------------------------------
+-- Documents (knowledge). Every statement that makes document rows, counts, fragments or rankings
+-- selects from runtime.allowed_documents (see schema.sql), so what a requester may not read
+-- never reaches a row, a count or a ranking. %(requester)s is an entity id (NULL for the
+-- operator) and %(operator)s whether the operator asks (who acts as OWNER).
+-- ---------------------------------------------------------------------------------------------
+
+-- check_add_document --
+-- Whether the requester may add a document with these values (the rules of runtime.document_rule
+-- on the requester's role in the room), before its fragments are embedded; add_document decides
+-- again in the statement that writes.
+WITH rr AS (
+    SELECT role, in_room FROM runtime.requester_roles(%(agent_id)s::uuid, %(requester)s::uuid)
+     WHERE room_id = %(room_id)s::uuid
+)
+SELECT runtime.document_rule('mutate', %(agent_id)s::uuid, %(scope)s::text, %(scoped_to)s::uuid, %(grants)s::uuid[],
+                             %(requester)s::uuid, %(operator)s::boolean,
+                             (SELECT role FROM rr), (SELECT in_room FROM rr))
+       AND (cardinality(%(grants)s::uuid[]) = 0
+            OR runtime.document_rule('grant', %(agent_id)s::uuid, %(scope)s::text, %(scoped_to)s::uuid,
+                                     %(grants)s::uuid[], %(requester)s::uuid, %(operator)s::boolean,
+                                     (SELECT role FROM rr), (SELECT in_room FROM rr))) AS allowed,
+       (%(room_id)s::uuid IS NULL
+        OR EXISTS (SELECT 1 FROM runtime.room WHERE agent_id = %(agent_id)s::uuid AND id = %(room_id)s::uuid))
+       AS room_found,
+       (SELECT count(*) FROM runtime.entity
+         WHERE agent_id = %(agent_id)s::uuid AND id = ANY (%(grants)s::uuid[])) = cardinality(%(grants)s::uuid[])
+       AND (%(scoped_to)s::uuid IS NULL
+            OR EXISTS (SELECT 1 FROM runtime.entity WHERE agent_id = %(agent_id)s::uuid AND id = %(scoped_to)s::uuid))
+       AS entities_found;
+
+-- add_document --
+-- The document and its fragments in one statement, only when the requester may add it (the same
+-- rules as check_add_document, decided again here) and every named entity and the room exist.
+WITH rr AS (
+    SELECT role, in_room FROM runtime.requester_roles(%(agent_id)s::uuid, %(requester)s::uuid)
+     WHERE room_id = %(room_id)s::uuid
+), ok AS (
+    SELECT runtime.document_rule('mutate', %(agent_id)s::uuid, %(scope)s::text, %(scoped_to)s::uuid,
+                                 %(grants)s::uuid[], %(requester)s::uuid, %(operator)s::boolean,
+                                 (SELECT role FROM rr), (SELECT in_room FROM rr))
+           AND (cardinality(%(grants)s::uuid[]) = 0
+                OR runtime.document_rule('grant', %(agent_id)s::uuid, %(scope)s::text, %(scoped_to)s::uuid,
+                                         %(grants)s::uuid[], %(requester)s::uuid, %(operator)s::boolean,
+                                         (SELECT role FROM rr), (SELECT in_room FROM rr)))
+           AND (%(room_id)s::uuid IS NULL
+                OR EXISTS (SELECT 1 FROM runtime.room WHERE agent_id = %(agent_id)s::uuid AND id = %(room_id)s::uuid))
+           AND (SELECT count(*) FROM runtime.entity
+                 WHERE agent_id = %(agent_id)s::uuid AND id = ANY (%(grants)s::uuid[]))
+               = cardinality(%(grants)s::uuid[])
+           AND (%(scoped_to)s::uuid IS NULL
+                OR EXISTS (SELECT 1 FROM runtime.entity
+                            WHERE agent_id = %(agent_id)s::uuid AND id = %(scoped_to)s::uuid))
+           AS allowed
+), d AS (
+    INSERT INTO runtime.document (agent_id, id, room_id, scope, scoped_to_entity_id, direct_grant_entity_ids,
+                                  title, content_type, text, size_bytes, fragment_count, created_by)
+    SELECT %(agent_id)s::uuid, %(id)s::uuid, %(room_id)s::uuid, %(scope)s::text, %(scoped_to)s::uuid,
+           %(grants)s::uuid[], %(title)s, %(content_type)s, %(text)s, %(size_bytes)s,
+           cardinality(%(fragments)s::text[]), %(requester)s::uuid
+      FROM ok WHERE ok.allowed
+    RETURNING agent_id, id, room_id, scope, scoped_to_entity_id, direct_grant_entity_ids, access_revision,
+              title, content_type, size_bytes, fragment_count, created_by, created_at
+), f AS (
+    INSERT INTO runtime.document_fragment (agent_id, document_id, position, text, embedding)
+    SELECT d.agent_id, d.id, (x.n - 1)::integer, x.text, x.embedding::vector
+      FROM d, unnest(%(fragments)s::text[], %(embeddings)s::text[]) WITH ORDINALITY AS x (text, embedding, n)
+)
+SELECT d.* FROM d;
+
+-- list_documents --
+-- One page of the documents the requester may read, newest first (id breaks ties), and how many
+-- there are in all; one row with NULL columns and the total when the page is empty.
+WITH readable AS (
+    SELECT d.agent_id, d.id, d.room_id, d.scope, d.scoped_to_entity_id, d.direct_grant_entity_ids,
+           d.access_revision, d.title, d.content_type, d.size_bytes, d.fragment_count, d.created_by, d.created_at
+      FROM runtime.allowed_documents('read', %(agent_id)s::uuid, %(requester)s::uuid, %(operator)s::boolean) d
+     WHERE (%(room_id)s::uuid IS NULL OR d.room_id = %(room_id)s::uuid)
+)
+SELECT page.*, total.total
+  FROM (SELECT count(*) AS total FROM readable) AS total
+  LEFT JOIN LATERAL (SELECT * FROM readable ORDER BY created_at DESC, id DESC
+                      LIMIT %(limit)s OFFSET %(offset)s) AS page ON true
+ ORDER BY page.created_at DESC, page.id DESC;
+
+-- get_document --
+SELECT d.agent_id, d.id, d.room_id, d.scope, d.scoped_to_entity_id, d.direct_grant_entity_ids,
+       d.access_revision, d.title, d.content_type, d.size_bytes, d.fragment_count, d.created_by, d.created_at,
+       CASE WHEN %(include_text)s THEN d.text END AS text
+  FROM runtime.allowed_documents('read', %(agent_id)s::uuid, %(requester)s::uuid, %(operator)s::boolean) d
+ WHERE d.id = %(id)s::uuid;
+
+-- remove_document --
+-- Deletes the document (its fragments go with it) when the requester may change it. `readable`
+-- tells a refusal (PERMISSION_DENIED) from a document they may not see (NOT_FOUND, like a missing one).
+WITH target AS (
+    SELECT d.id
+      FROM runtime.allowed_documents('read', %(agent_id)s::uuid, %(requester)s::uuid, %(operator)s::boolean) d
+     WHERE d.id = %(id)s::uuid
+), removed AS (
+    DELETE FROM runtime.document d
+     USING runtime.allowed_documents('mutate', %(agent_id)s::uuid, %(requester)s::uuid, %(operator)s::boolean) a
+     WHERE d.agent_id = %(agent_id)s::uuid AND d.id = %(id)s::uuid AND a.id = d.id
+    RETURNING d.fragment_count
+)
+SELECT EXISTS (SELECT 1 FROM target) AS readable, (SELECT fragment_count FROM removed) AS fragments_removed;
+
+-- replace_document_grants --
+-- The grant replacement is one CAS on the access revision: only the statement that still finds
+-- %(expected)s (re-checked on the newest row version when racing) wins. The other columns tell
+-- why nothing changed: not readable (NOT_FOUND), readable but not re-grantable (PERMISSION_DENIED),
+-- an unknown or foreign grantee (INVALID_ARGUMENT), or a lost CAS (ABORTED).
+WITH target AS (
+    SELECT d.access_revision,
+           EXISTS (SELECT 1 FROM runtime.allowed_documents('grant', %(agent_id)s::uuid, %(requester)s::uuid,
+                                                           %(operator)s::boolean) g
+                    WHERE g.id = d.id) AS may_grant
+      FROM runtime.allowed_documents('read', %(agent_id)s::uuid, %(requester)s::uuid, %(operator)s::boolean) d
+     WHERE d.id = %(id)s::uuid
+), valid AS (
+    SELECT count(*) = cardinality(%(grants)s::uuid[]) AS entities_found
+      FROM runtime.entity WHERE agent_id = %(agent_id)s::uuid AND id = ANY (%(grants)s::uuid[])
+), updated AS (
+    UPDATE runtime.document d
+       SET direct_grant_entity_ids = %(grants)s::uuid[], access_revision = d.access_revision + 1
+      FROM valid,
+           runtime.allowed_documents('grant', %(agent_id)s::uuid, %(requester)s::uuid, %(operator)s::boolean) a
+     WHERE valid.entities_found AND d.agent_id = %(agent_id)s::uuid AND d.id = %(id)s::uuid AND a.id = d.id
+       AND d.access_revision = %(expected)s
+    RETURNING d.agent_id, d.id, d.room_id, d.scope, d.scoped_to_entity_id, d.direct_grant_entity_ids,
+              d.access_revision, d.title, d.content_type, d.size_bytes, d.fragment_count, d.created_by,
+              d.created_at
+)
+SELECT EXISTS (SELECT 1 FROM target) AS readable, coalesce((SELECT may_grant FROM target), false) AS may_grant,
+       (SELECT access_revision FROM target) AS current_revision, valid.entities_found, updated.*
+  FROM valid LEFT JOIN updated ON true;
+
+-- search_document_fragments --
+-- The nearest fragments by cosine distance among the documents the requester may read: those
+-- documents are found first (once each), then only their fragments are ranked (a hash join),
+-- so a ranking holds only what the requester may see.
+WITH q AS (SELECT %(embedding)s::vector AS v), readable AS MATERIALIZED (
+    SELECT d.id, d.title
+      FROM runtime.allowed_documents('read', %(agent_id)s::uuid, %(requester)s::uuid, %(operator)s::boolean) d
+     WHERE (%(room_id)s::uuid IS NULL OR d.room_id = %(room_id)s::uuid)
+), ranked AS (
+    SELECT f.document_id, f.position, f.text, r.title, f.embedding <=> q.v AS distance
+      FROM runtime.document_fragment f JOIN readable r ON r.id = f.document_id, q
+     WHERE f.agent_id = %(agent_id)s::uuid AND vector_dims(f.embedding) = vector_dims(q.v)
+)
+SELECT document_id, position, text, title, 1 - distance AS similarity
+  FROM ranked
+ ORDER BY distance, document_id, position
+ LIMIT %(limit)s;
+
+-- has_documents --
+SELECT EXISTS (SELECT 1 FROM runtime.document WHERE agent_id = %(agent_id)s::uuid) AS found;
+
+
+-- ---------------------------------------------------------------------------------------------
+-- Custom actions (parley_runtime/custom/store.py)
+-- ---------------------------------------------------------------------------------------------
+
+-- upsert_custom_action --
+-- Insert or replace one definition (by id) and bump the agent's revision in the same statement.
+-- A name taken by another id of the same agent fails on custom_action_name.
+WITH saved AS (
+    INSERT INTO runtime.custom_action (agent_id, id, name, definition, enabled)
+    VALUES (%(agent_id)s, %(id)s, %(name)s, %(definition)s, %(enabled)s)
+    ON CONFLICT (agent_id, id) DO UPDATE
+       SET name = excluded.name, definition = excluded.definition, enabled = excluded.enabled,
+           updated_at = now()
+    RETURNING id, name, definition, enabled, created_at, updated_at
+), bumped AS (
+    INSERT INTO runtime.custom_action_revision AS r (agent_id, revision)
+    SELECT %(agent_id)s, 1 FROM saved
+    ON CONFLICT (agent_id) DO UPDATE SET revision = r.revision + 1
+    RETURNING revision
+)
+SELECT saved.*, bumped.revision FROM saved, bumped;
+
+-- delete_custom_action --
+WITH gone AS (
+    DELETE FROM runtime.custom_action WHERE agent_id = %(agent_id)s AND id = %(id)s RETURNING id
+), bumped AS (
+    INSERT INTO runtime.custom_action_revision AS r (agent_id, revision)
+    SELECT %(agent_id)s, 1 FROM gone
+    ON CONFLICT (agent_id) DO UPDATE SET revision = r.revision + 1
+    RETURNING revision
+)
+SELECT gone.id, bumped.revision FROM gone, bumped;
+
+-- custom_action_revision --
+SELECT revision FROM runtime.custom_action_revision WHERE agent_id = %(agent_id)s;
+
+-- list_custom_actions --
+-- The revision and the definitions from one snapshot, so a cached list always matches its revision.
+SELECT rev.revision, a.id, a.name, a.definition, a.enabled, a.created_at, a.updated_at
+  FROM (SELECT coalesce((SELECT revision FROM runtime.custom_action_revision
+                          WHERE agent_id = %(agent_id)s), 0) AS revision) rev
+  LEFT JOIN runtime.custom_action a ON a.agent_id = %(agent_id)s
+ ORDER BY a.name;
