@@ -56,10 +56,12 @@ def gateway(env: SessionEnv, logs: Path, namespace: str, **extra: str) -> Servic
         PARLEY_GATEWAY_METRICS_PORT=str(free_port()),
         PARLEY_SCRIPTED_RULES=str(rules),
         PARLEY_LEDGER_FLUSH_MS="50",
-        # These tests drain on the gateway's own timer; test_gateway_drains.py has the scheduler's.
-        PARLEY_BATCHER_SELF_DRAIN="true",
-        PARLEY_BATCHER_TICK_MS="50",
-        **extra,
+        **{
+            # These tests drain on the gateway's own timer; test_gateway_drains.py has the scheduler's.
+            "PARLEY_BATCHER_SELF_DRAIN": "true",
+            "PARLEY_BATCHER_TICK_MS": "50",
+            **extra,
+        },
     )
     return ServiceProcess("parley_gateway", process_env, logs / f"gateway-{port}.log", port)
 
