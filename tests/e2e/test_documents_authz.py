@@ -646,13 +646,28 @@ async def test_racing_grant_replacements_have_exactly_one_winner(world: World) -
                 documents_pb2.Document,
             )
         except Conflict as exc:
-            return "lost" if exc.code == "ACCESS_REVISION_CHANGED" else f"conflict:{exc.code}"
+            if exc.code != "ACCESS_REVISION_CHANGED":
+                return f"conflict:{exc.code}"
+            # A loser is told the revision the winner left, never its own stale snapshot.
+            told = f"has access revision {after.access_revision + 1}, not {after.access_revision}"
+            return "lost" if told in str(exc) else f"lost, told: {exc}"
         return "won"
 
     outcomes = await asyncio.gather(*(api_race(i) for i in range(racers)))
     assert outcomes.count("won") == 1
     assert outcomes.count("lost") == racers - 1
-    await w.remove_as_operator(doc.id)
+
+    # Concurrent removals by the operator: one removes it, the others find nothing (NOT_FOUND,
+    # not a refusal: they could have removed it).
+    async def remove() -> str:
+        try:
+            await w.remove_as_operator(doc.id)
+        except NotFound as exc:
+            return exc.code
+        return "removed"
+
+    removals = await asyncio.gather(*(remove() for _ in range(8)))
+    assert sorted(removals) == ["DOCUMENT_NOT_FOUND"] * 7 + ["removed"]
 
 
 # -- ingestion ----------------------------------------------------------------------------------------------
@@ -783,16 +798,22 @@ async def test_the_knowledge_provider_only_surfaces_readable_fragments_in_a_turn
         "saffron": Doc(w.rooms["R2"], "global", None, (bob,)),
     }
     added = [await w.add(operator, d, f"The secret code word is {word}.", word) for word, d in words.items()]
-    readable = {
-        "bob": {"heliotrope", "saffron"},
-        "alice": {"heliotrope", "marigold"},
-    }
+    # In a room of one person with the agent (API), everything the sender may read; in a shared
+    # room (GROUP), only the room's global documents: nothing private to one participant is quoted
+    # to the others.
+    readable = [
+        ("bob", runtime_pb2.ROOM_TYPE_API, {"heliotrope", "saffron"}),
+        ("alice", runtime_pb2.ROOM_TYPE_API, {"heliotrope", "marigold"}),
+        ("bob", runtime_pb2.ROOM_TYPE_GROUP, {"heliotrope"}),
+        ("alice", runtime_pb2.ROOM_TYPE_GROUP, {"heliotrope"}),
+    ]
     try:
-        for sender, expected in readable.items():
+        for sender, room_type, expected in readable:
             message = inbound(
                 "what is the secret code word", channel=channel, sender=sender, agent_id=str(w.agent)
             )
-            message.room_type = runtime_pb2.ROOM_TYPE_API
+            message.room_type = room_type
+            message.mentions_agent = True
             await publish_inbound(w.bus, message)
 
             async def replied(m: runtime_pb2.InboundMessage = message) -> list[runtime_pb2.OutboundMessage]:

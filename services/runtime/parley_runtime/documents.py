@@ -386,6 +386,7 @@ class DocumentStore:
         embedding: Sequence[float],
         limit: int,
         room_id: uuid.UUID | None = None,
+        scopes: Sequence[str] | None = None,
     ) -> list[Fragment]:
         rows = await self.db.fetchall(
             Q["search_document_fragments"],
@@ -395,6 +396,7 @@ class DocumentStore:
                 "embedding": _vector(embedding),
                 "limit": limit,
                 "room_id": room_id,
+                "scopes": list(scopes) if scopes is not None else None,
             },
             what="search documents",
         )
@@ -575,7 +577,8 @@ class DocumentsApi:
             return documents_pb2.RemoveDocumentResponse(
                 document_id=str(document_id), fragments_removed=row["fragments_removed"]
             )
-        if not row["readable"]:
+        if not row["readable"] or await self.store.get(agent.id, requester, document_id, False) is None:
+            # Not readable; or readable, and removed meanwhile by a concurrent request.
             raise _not_found(document_id)
         raise PermissionDenied(
             f"the requester may not remove document {document_id}",
@@ -611,9 +614,14 @@ class DocumentsApi:
             )
         if not row["entities_found"]:
             raise InvalidArgument("every direct grant must be an entity of this agent", code="UNKNOWN_ENTITY")
+        current = row["current_revision"]
+        if current == request.expected_access_revision:
+            # The statement read the revision before a concurrent replacement committed.
+            current = (await self.store.get(agent.id, requester, document_id, False) or {}).get(
+                "access_revision"
+            )
         raise Conflict(
-            f"document {document_id} has access revision {row['current_revision']}, "
-            f"not {request.expected_access_revision}",
+            f"document {document_id} has access revision {current}, not {request.expected_access_revision}",
             code="ACCESS_REVISION_CHANGED",
             hint="read the document again and retry with its access_revision",
         )

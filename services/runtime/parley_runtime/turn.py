@@ -295,12 +295,20 @@ class TurnServices:
         if not text.strip() or not await documents.has_documents(self.agent.id):
             return []
         [vector] = await self.p.embed([text], self.agent.id)
-        # As the sender: the rules of their roles apply inside the search's SQL.
-        requester = Requester(self._ctx[0].message.sender_id)
-        return [
-            KnowledgeHit(str(f.document_id), f.title, f.position, f.text, f.similarity)
-            for f in await documents.search(self.agent.id, requester, vector, limit)
-        ]
+        # As the sender: the rules of their roles apply inside the search's SQL. In a room of one
+        # person with the agent, that is everything they may read; in a shared room only the room's
+        # global documents, so nothing private to one participant is quoted to the others.
+        ctx = self._ctx[0]
+        private = ctx.message.room_type in ALWAYS_RESPOND_ROOMS and not ctx.is_autonomous
+        found = await documents.search(
+            self.agent.id,
+            Requester(ctx.message.sender_id),
+            vector,
+            limit,
+            room_id=None if private else self.room_id,
+            scopes=None if private else ("global",),
+        )
+        return [KnowledgeHit(str(f.document_id), f.title, f.position, f.text, f.similarity) for f in found]
 
     async def pending_confirmations(self) -> list[PendingCall]:
         return await self.p.confirmations.pending(self.agent, self.room_id)

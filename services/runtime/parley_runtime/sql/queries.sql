@@ -484,6 +484,7 @@ WITH q AS (SELECT %(embedding)s::vector AS v), readable AS MATERIALIZED (
     SELECT d.id, d.title
       FROM runtime.allowed_documents('read', %(agent_id)s::uuid, %(requester)s::uuid, %(operator)s::boolean) d
      WHERE (%(room_id)s::uuid IS NULL OR d.room_id = %(room_id)s::uuid)
+       AND (%(scopes)s::text[] IS NULL OR d.scope::text = ANY(%(scopes)s::text[]))
 ), ranked AS (
     SELECT f.document_id, f.position, f.text, r.title, f.embedding <=> q.v AS distance
       FROM runtime.document_fragment f JOIN readable r ON r.id = f.document_id, q
