@@ -114,7 +114,7 @@ class Confirming:
             "PARLEY_NAMESPACE": self.suite.namespace,
             "PARLEY_OPERATOR_TOKEN": self.suite.env.token,
             "PARLEY_AUTHZ_ADDR": self.authz_addr,
-            "PARLEY_RUNTIME_ADDR": f"127.0.0.1:{self.suite.runtime.grpc_port}",
+            "PARLEY_RUNTIME_ADDR": f"127.0.0.1:{self.suite.runtimes[-1].grpc_port}",  # the newest replica
         }
         return subprocess.run(
             [PARLEY, *args], env=env, capture_output=True, text=True, timeout=60, check=False
@@ -314,3 +314,73 @@ async def test_a_confirmation_nobody_answers_expires_as_denied_and_the_conversat
             (turn_id(hasty, "confirm", proposal.message_id),),
         ).fetchone()
     assert row == (0,)
+
+
+async def test_a_runtime_killed_while_running_an_approved_action_leaves_it_stuck_never_run_twice(
+    isolated_suite: Suite, tmp_path: Path
+) -> None:
+    """The approved handler writes its effect, then its runtime is SIGKILLed before it settles.
+    The claim event comes back to the replacement runtime, which finds the effect claim without a
+    result and does not run it again: the call stays claimed and is listed as stuck until an
+    operator settles it (a stale token is refused), and then the conversation continues."""
+    database_url = isolated_suite.env.database_url
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(EFFECT_LOG_DDL)
+    # The handler takes 4 s: 2 s before its effect row is written and 2 s after.
+    settings = {
+        "PARLEY_CHARACTERS_DIR": str(effects_characters(tmp_path / "characters", database_url, 4000)),
+        "PYTHONPATH": python_path(),
+        "PARLEY_ACK_WAIT_SECONDS": "2",
+    }
+    suite = await isolated_suite.start(runtimes=1, **settings)
+    authz = await suite.add_service("parley_authz", "AUTHZ")
+    bus = await suite.connect()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{authz.grpc_port}")
+    confirming = Confirming(suite, bus, authz_pb2_grpc.AuthzStub(channel), f"127.0.0.1:{authz.grpc_port}")
+    try:
+        proposal = await confirming.send("please launch")
+        await confirming.replies(proposal, 2)
+        call_id = call_id_of(proposal)
+        await confirming.decide(call_id, approve=True)
+
+        async def effect_written() -> bool:
+            return confirming.effects(proposal) == 1
+
+        await eventually(effect_written, timeout=30, interval=0.05, what="the handler's effect")
+        suite.runtime.kill()  # mid-handler: the effect happened, the result was never recorded
+        await suite.add_runtime(**settings)
+
+        async def redelivered_and_handled() -> bool:
+            info = await bus.js.consumer_info(bus.subjects.stream("EVENTS"), "runtime-tool-call-claimed")
+            # Delivered twice (to the killed runtime, then again), and acknowledged.
+            return info.num_pending == 0 and info.num_ack_pending == 0 and info.delivered.consumer_seq >= 2
+
+        await eventually(redelivered_and_handled, timeout=30, what="the claim event redelivered and handled")
+        assert confirming.effects(proposal) == 1, "the handler ran again"
+        call = await confirming.tool_call(call_id)
+        assert call.status == authz_pb2.TOOL_CALL_STATUS_CLAIMED
+        stuck = confirming.cli("approvals", "stuck", "--agent", "effects", "--older-than", "0")
+        assert stuck.returncode == 0, stuck.stderr
+        assert call_id in stuck.stdout
+
+        stale = confirming.cli(
+            "approvals", "settle", call_id, "--agent", "effects", "--outcome", "indeterminate",
+            "--claim-token", "00000000-0000-4000-8000-000000000000", "--note", "checked the pad",
+        )  # fmt: skip
+        assert stale.returncode != 0
+        assert "the claim token does not match the claim" in stale.stderr
+        token = (await confirming.authz.ListStuckToolCalls(
+            authz_pb2.ListStuckToolCallsRequest(agent_id=AGENT), metadata=confirming.metadata, timeout=10
+        )).tool_calls[0].claim.token  # fmt: skip
+        settled = confirming.cli(
+            "approvals", "settle", call_id, "--agent", "effects", "--outcome", "indeterminate",
+            "--claim-token", token, "--note", "the rocket left; checked the pad",
+        )  # fmt: skip
+        assert settled.returncode == 0, settled.stderr
+        assert await confirming.continuation(proposal) == ["All settled."]
+        [follow_up] = await confirming.follow_ups(proposal)
+        assert "1. LAUNCH_ROCKET: outcome unknown (settled by an operator)" in follow_up.text
+        assert confirming.effects(proposal) == 1
+    finally:
+        await channel.close()
+        await bus.close()
