@@ -1,7 +1,8 @@
 """A real HTTP/1.1 server on 127.0.0.1 for the custom http action's tests and benchmark.
 
 It records each request and answers by path: ``/redirect`` → 302 to ``/echo``, ``/big`` → 20,000
-characters, ``/hang`` → nothing for 30 s,
+characters, ``/hang`` → nothing for 30 s, ``/gzip-bomb`` and ``/deflate-bomb`` → 10 MB of zeros
+compressed (whatever the request accepts), ``/charset/<name>`` → UTF-8 text labelled ``<name>``,
 ``/status/<code>`` → that status, anything else → 200 with the request as JSON.
 """
 
@@ -11,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import ssl
+import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +74,22 @@ class LocalHttpServer:
             return 302, {"Location": f"{self.base}/echo"}, b""
         if target.startswith("/big"):
             return 200, {"Content-Type": "text/plain"}, b"x" * 20_000
+        if target.startswith(("/gzip-bomb", "/deflate-bomb")):
+            gzip = target.startswith("/gzip")
+            packer = zlib.compressobj(9, zlib.DEFLATED, 31 if gzip else 15)
+            payload = packer.compress(bytes(10 * 1024 * 1024)) + packer.flush()
+            return (
+                200,
+                {"Content-Type": "text/plain", "Content-Encoding": "gzip" if gzip else "deflate"},
+                payload,
+            )
+        if target.startswith("/charset/"):
+            label = target.split("/")[2]
+            return (
+                200,
+                {"Content-Type": f"text/plain; charset={label}"},
+                "caf\u00e9 \udcff".encode("utf-8", errors="surrogateescape"),
+            )
         if target.startswith("/status/"):
             return int(target.split("/")[2]), {}, b"nope"
         document: dict[str, Any] = {

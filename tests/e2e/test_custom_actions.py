@@ -243,6 +243,16 @@ async def test_a_live_registration_reaches_every_replica_and_runs_in_a_turn(
             )
             assert ran.ok
             assert json.loads(ran.output)["target"] == "/echo?city=Bergen"
+            # A value that cannot be sent (a lone surrogate) is a failed result, not an internal error.
+            unsendable = await actions_two.TestCustomAction(
+                actions_pb2.TestCustomActionRequest(
+                    agent_id=AGENT, id="weather-e2e", params_json='{"city": "\\ud800"}'
+                ),
+                metadata=auth,
+                timeout=30,
+            )
+            assert not unsendable.ok
+            assert unsendable.output.startswith("the request cannot be sent")
 
             # The CLI: test (blocked and ok), add, list, remove.
             code, out, _ = await parley(

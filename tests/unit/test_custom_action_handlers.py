@@ -57,6 +57,68 @@ DISABLED = Executor(CustomActionSettings())
         (definition({"type": "shell", "command": "echo \\{{name}} | cat"}), "a word of its own"),
         (definition({"type": "shell", "command": "echo ${{name}} | cat"}), "a word of its own"),
         (definition({"type": "shell", "command": "echo a{{name}}b | cat"}), "a word of its own"),
+        # a value must not choose the program: not first, not after an operator, a keyword or assignments
+        (definition({"type": "shell", "command": "{{name}} --version"}), "must not be the program"),
+        (definition({"type": "shell", "command": "'{{name}}' x"}), "must not be the program"),
+        (definition({"type": "shell", "command": "echo a | {{name}}"}), "must not be the program"),
+        (definition({"type": "shell", "command": "true && {{name}} | cat"}), "must not be the program"),
+        (
+            definition({"type": "shell", "command": "echo a; X=1 {{name}} > /dev/null"}),
+            "must not be the program",
+        ),
+        (definition({"type": "shell", "command": "if {{name}}; then :; fi"}), "must not be the program"),
+        (definition({"type": "shell", "command": "echo $({{name}})"}), "must not be the program"),
+        (definition({"type": "shell", "command": "> out {{name}}; cat out"}), "must not be the program"),
+        (definition({"type": "shell", "command": "2>&1 {{name}} | cat"}), "must not be the program"),
+        (definition({"type": "shell", "command": "X=1 >out {{name}} | cat"}), "must not be the program"),
+        (definition({"type": "shell", "command": "cat <<EOF\n$({{name}})\nEOF"}), "must not share a line"),
+        (definition({"type": "shell", "command": "cat <<EOF\n`{{name}}`\nEOF"}), "must not share a line"),
+        (definition({"type": "shell", "command": "cat <<EOF\n$(( {{name}} + 1 ))\nEOF"}), "arithmetic"),
+        # shell arithmetic evaluates a value as an expression (bash runs $(...) in array subscripts)
+        (definition({"type": "shell", "command": "echo $(( {{name}} + 1 ))"}), "arithmetic"),
+        (definition({"type": "shell", "command": "cat <<'EOF'\n{{name}}\nEOF"}), "quoted here-document"),
+        # {{ name }} is refused in every handler, naming the field
+        (definition({"type": "shell", "command": "echo {{ name }}"}), "handler.command: write placeholders"),
+        (
+            definition({"type": "shell", "command": "echo {{name }} | cat"}),
+            "handler.command: write placeholders",
+        ),
+        (
+            definition({"type": "http", "url": "https://x.example/{{ name}}"}),
+            "handler.url: write placeholders",
+        ),
+        (
+            definition({"type": "http", "url": "https://x.example/", "headers": {"X-N": "{{ name }}"}}),
+            "handler.headers.X-N: write placeholders",
+        ),
+        (
+            definition({"type": "http", "url": "https://x.example/", "bodyTemplate": '{"n": "{{ name }}"}'}),
+            "handler.bodyTemplate: write placeholders",
+        ),
+        # header values are ASCII (httpx cannot send anything else)
+        (
+            definition({"type": "http", "url": "https://x.example/", "headers": {"X-City": "Troms\u00f8"}}),
+            "handler.headers: the value of header X-City must be ASCII",
+        ),
+        # body templates: no placeholder after an escaping backslash, and JSON once the values are empty
+        (
+            definition({"type": "http", "url": "https://x.example/", "bodyTemplate": '{"a": "\\{{name}}"}'}),
+            "handler.bodyTemplate: a {{placeholder}} must not follow a backslash",
+        ),
+        (
+            definition(
+                {"type": "http", "url": "https://x.example/", "bodyTemplate": '{"a": "\\\\\\{{name}}"}'}
+            ),
+            "must not follow a backslash",
+        ),
+        (
+            definition({"type": "http", "url": "https://x.example/", "bodyTemplate": '{"a": "{{name}}"'}),
+            "handler.bodyTemplate: must be a JSON document",
+        ),
+        (
+            definition({"type": "http", "url": "https://x.example/", "bodyTemplate": "name={{name}}&x=1"}),
+            "handler.bodyTemplate: must be a JSON document",
+        ),
         (definition({"type": "code", "code": "print(1)", "timeoutSeconds": 600}), "handler.timeoutSeconds"),
         ({**definition({"type": "code", "code": "1"}), "parameters": [{"name": "a b"}]}, "parameters.0.name"),
         (
@@ -76,6 +138,34 @@ def test_invalid_definitions_name_the_field_and_never_echo_values(data: dict[str
     assert field in caught.value.message
     assert SECRET not in str(caught.value)
     assert caught.value.code == "CUSTOM_ACTION_INVALID"
+
+
+@pytest.mark.parametrize(
+    "handler",
+    [
+        {
+            "type": "http",
+            "url": "https://x.example/",
+            "method": "POST",
+            "bodyTemplate": '{"a": "\\\\{{name}}"}',
+        },
+        {
+            "type": "http",
+            "url": "https://x.example/",
+            "method": "POST",
+            "bodyTemplate": '[{{name}}, "{{name}}"]',
+        },
+        {"type": "shell", "command": 'X={{name}} && printf %s "$X" | cat'},
+        {"type": "shell", "command": "printf %s {{name}}"},
+        {"type": "shell", "command": "echo -- {{name}} | cat"},
+        {"type": "shell", "command": "cat <<EOF\n{{name}}\nEOF"},
+        {"type": "shell", "command": "echo a 2>&1 {{name}} | cat"},
+        {"type": "shell", "command": "echo a > out {{name}}; cat out"},
+        {"type": "shell", "command": "cat <<EOF 2>&1 {{name}}\n{{name}}\nEOF"},
+    ],
+)
+def test_safe_definitions_are_accepted(handler: dict[str, Any]) -> None:
+    assert parse_definition(definition(handler)).handler.type == handler["type"]
 
 
 def test_a_character_carries_custom_actions_and_reports_their_fields() -> None:
@@ -171,6 +261,41 @@ async def test_shell_syntax_runs_under_sh_with_quoted_values() -> None:
     assert (result.ok, result.output) == (True, value)
 
 
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        ("cat <<EOF\n{{name}}\nEOF", "{v}\n"),
+        ("cat <<-EOF\n\t[{{name}}]\n\tEOF", "[{v}]\n"),
+        ("printf '%s|' {{name}} {{name}} | cat", "{v}|{v}|"),
+        ('X={{name}}; printf %s "$X" | cat', "{v}"),
+        ("printf %s {{name}} > out; cat out", "{v}"),
+    ],
+)
+async def test_shell_values_are_positional_parameters_never_script(command: str, expected: str) -> None:
+    """The script holds "${1}", the value is an argument of sh: in a here-document, a pipeline or an
+    assignment it is expanded once, as data."""
+    d = parse_definition(definition({"type": "shell", "command": command}))
+    for value in ("$(echo INJECTED)", "`echo INJECTED`", "'; echo INJECTED; '", "${HOME:-INJECTED}", "-n *"):
+        result = await ENABLED.test(d, {"name": value})
+        assert (result.ok, result.output) == (True, expected.format(v=value)), value
+
+
+async def test_shell_argv_puts_values_after_the_script() -> None:
+    from parley_runtime.custom.shell import shell_argv
+
+    argv = shell_argv("printf %s {{name}} | cat", {"name": "$(echo INJECTED)"})
+    assert argv == ["/bin/sh", "-c", 'printf %s "${1}" | cat', "sh", "$(echo INJECTED)"]
+
+
+async def test_shell_values_that_cannot_be_arguments_are_a_clear_failure() -> None:
+    d = parse_definition(definition({"type": "shell", "command": "printf %s {{name}}"}))
+    result = await ENABLED.test(d, {"name": "a\ud800b"})
+    assert (result.ok, result.output) == (
+        False,
+        "a value cannot be passed to the command: it is not valid text",
+    )
+
+
 async def test_shell_environment_is_empty() -> None:
     os.environ["PARLEY_TEST_MARKER"] = SECRET
     try:
@@ -259,6 +384,24 @@ async def test_code_environment_is_empty() -> None:
         "import os; os.system('true')",
         "import ctypes",
         "import resource; resource.setrlimit(resource.RLIMIT_CPU, (1000, 1000))",
+        # process creation without an audit event on 3.11, and signals to the runtime
+        "import _posixsubprocess",
+        "import sys; sys.meta_path.pop(0); sys.modules.pop('_posixsubprocess'); import _posixsubprocess",
+        "import _imp, importlib.machinery as m; _imp.create_builtin(m.ModuleSpec('posix', None)).kill",
+        "import _imp, importlib.machinery as m; _imp.create_dynamic(m.ModuleSpec('_posixsubprocess', None))",
+        "import os; os.kill(os.getppid(), 9)",
+        "import os; os.killpg(os.getpgid(os.getppid()), 9)",
+        "import posix; posix.kill(posix.getppid(), 9)",
+        "import signal, threading; signal.pthread_kill(threading.get_ident(), 0)",
+        "import os; os.fork()",
+        "import os; os.forkpty()",
+        "import os; os.execv('/bin/echo', ['echo', 'ESCAPED'])",
+        "import os; os.posix_spawn('/bin/echo', ['echo', 'ESCAPED'], {})",
+        "import os; os.spawnv(os.P_WAIT, '/bin/echo', ['echo', 'ESCAPED'])",
+        "import os; os.popen('echo ESCAPED').read()",
+        "import pty",
+        "import multiprocessing",
+        "import asyncio",
     ],
 )
 async def test_code_has_no_network_and_no_processes(code: str) -> None:
@@ -266,6 +409,58 @@ async def test_code_has_no_network_and_no_processes(code: str) -> None:
     result = await ENABLED.test(d, {"name": "x"})
     assert not result.ok
     assert "is not allowed in a code action" in result.output
+    assert "ESCAPED" not in result.output.replace("'ESCAPED'", "")
+
+
+async def test_code_cannot_run_a_program_through_fork_exec() -> None:
+    """_posixsubprocess.fork_exec raises no audit event on 3.11; the module cannot be had at all."""
+    code = (
+        "import _posixsubprocess, os\n"
+        "r, w = os.pipe()\n"
+        "_posixsubprocess.fork_exec([b'/bin/echo', b'ESCAPED'], [b'/bin/echo'], True, (w,), None, None,"
+        " -1, -1, -1, w, -1, -1, r, w, False, False, -1, None, None, None, -1, None)\n"
+    )
+    d = parse_definition(definition({"type": "code", "code": code}))
+    result = await ENABLED.test(d, {"name": "x"})
+    assert not result.ok
+    assert "import of _posixsubprocess is not allowed in a code action" in result.output
+    assert "ESCAPED\n" not in result.output
+
+
+async def test_code_cannot_signal_the_runtime_which_stays_alive() -> None:
+    parent = os.getpid()
+    d = parse_definition(
+        definition({"type": "code", "code": "import os, signal; os.kill(os.getppid(), signal.SIGTERM)"})
+    )
+    result = await ENABLED.test(d, {"name": "x"})
+    assert not result.ok
+    assert "os.kill is not allowed in a code action" in result.output
+    os.kill(parent, 0)  # still here
+    ok = await ENABLED.test(
+        parse_definition(definition({"type": "code", "code": "print(6 * 7)"})), {"name": "x"}
+    )
+    assert (ok.ok, ok.output) == (True, "42\n")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping to nobody needs root")
+async def test_code_run_by_root_drops_to_an_unprivileged_user() -> None:
+    """Where the runtime is root and ``nobody`` can run this Python, the child becomes ``nobody``
+    (the kernel then refuses signals to the runtime and enforces RLIMIT_NPROC). Exercised here with
+    the bootstrap directly: this machine's Python may live where ``nobody`` cannot read it."""
+    import pwd
+    import sys
+
+    from parley_runtime.custom.code import BOOTSTRAP
+    from parley_runtime.custom.process import run_process
+
+    nobody = pwd.getpwnam("nobody")
+    code = "import os; print(os.getuid(), os.getgid(), os.getgroups())"
+    document = {"code": code, "params": {}, "limits": {"RLIMIT_NPROC": 0},
+                "user": {"uid": nobody.pw_uid, "gid": nobody.pw_gid}}  # fmt: skip
+    outcome = await run_process(
+        [sys.executable, "-I", "-S", "-c", BOOTSTRAP], stdin=json.dumps(document).encode(), timeout=10
+    )
+    assert (outcome.returncode, outcome.output) == (0, f"{nobody.pw_uid} {nobody.pw_gid} []\n")
 
 
 async def test_code_limits_time_memory_and_output() -> None:
@@ -280,6 +475,16 @@ async def test_code_limits_time_memory_and_output() -> None:
     loud = parse_definition(definition({"type": "code", "code": "print('y' * 100000)"}))
     result = await ENABLED.test(loud, {"name": "x"})
     assert (result.ok, result.output) == (True, "y" * 4000)
+
+
+async def test_test_of_an_http_action_with_an_unsendable_value_is_a_failed_result() -> None:
+    allowed = Executor(CustomActionSettings(allow_hosts=("127.0.0.1",)))
+    async with local_http_server() as server:
+        d = parse_definition(definition({"type": "http", "url": f"{server.base}/echo/{{{{name}}}}"}))
+        result = await allowed.test(d, {"name": "\udc00\ud800"})
+    assert not result.ok
+    assert result.output.startswith("the request cannot be sent")
+    assert server.requests == []
 
 
 async def test_outputs_never_show_the_definitions_credentials() -> None:

@@ -35,6 +35,7 @@ ANSWERS: dict[str, list[str]] = {
     "ula.example": ["fd00::1"],
     "meta.example": ["169.254.169.254"],
     "cgnat.example": ["100.64.1.1"],
+    "sitelocal.example": [PUBLIC_V6, "fec0::1"],
 }
 
 
@@ -97,8 +98,19 @@ BLOCKED: list[tuple[str, str]] = [
     ("http://[ff02::1]/", "multicast"),
     ("http://255.255.255.255/", "broadcast"),
     ("http://240.0.0.1/", "reserved"),
-    ("http://192.0.2.1/", "special-purpose"),
-    ("http://198.18.0.1/", "special-purpose"),
+    ("http://255.255.255.254/", "reserved address (240.0.0.0/4)"),
+    ("http://192.0.0.8/", "IETF protocol assignment"),
+    ("http://192.0.2.1/", "documentation address (192.0.2.0/24)"),
+    ("http://198.18.0.1/", "benchmarking"),
+    ("http://198.19.255.254/", "benchmarking"),
+    ("http://198.51.100.7/", "documentation address (198.51.100.0/24)"),
+    ("http://203.0.113.9/", "documentation address (203.0.113.0/24)"),
+    ("http://[2001:db8::1]/", "documentation address (2001:db8::/32)"),
+    ("http://[3fff::1]/", "documentation address (3fff::/20)"),
+    ("http://[3fff:fff:ffff::1]/", "documentation address (3fff::/20)"),
+    # IPv6 site-local (deprecated, still routed inside some networks)
+    ("http://[fec0::1]/", "site-local"),
+    ("http://[feff:ffff::1]/", "site-local"),
     # IPv6 forms that carry IPv4
     ("http://[::ffff:10.0.0.1]/", "IPv4-mapped"),
     ("http://[::ffff:127.0.0.1]/", "IPv4-mapped"),
@@ -123,6 +135,7 @@ BLOCKED: list[tuple[str, str]] = [
     ("http://ula.example/", "unique local"),
     ("http://meta.example/", "link-local"),
     ("http://cgnat.example/", "carrier-grade NAT"),
+    ("http://sitelocal.example/", "resolves to fec0::1: a site-local"),
     ("http://nowhere.example/", "cannot be resolved"),
     # not http(s), or spelled to confuse parsers
     ("ftp://example.com/", "only http and https"),
@@ -147,6 +160,9 @@ ALLOWED: list[tuple[str, str, str]] = [
     ("http://134744072/", "8.8.8.8", "http://8.8.8.8:80/"),
     ("http://dual.example/", PUBLIC_V6, f"http://[{PUBLIC_V6}]:80/"),
     ("HTTP://Example.COM./#frag", PUBLIC_V4, f"http://{PUBLIC_V4}:80/"),
+    ("http://192.0.3.1/", "192.0.3.1", "http://192.0.3.1:80/"),  # just past 192.0.2.0/24
+    ("http://198.20.0.1/", "198.20.0.1", "http://198.20.0.1:80/"),  # just past 198.18.0.0/15
+    ("http://[2001:db9::1]/", "2001:db9::1", "http://[2001:db9::1]:80/"),  # just past 2001:db8::/32
 ]
 
 
@@ -366,3 +382,73 @@ async def test_https_is_pinned_to_the_checked_address_and_verified_for_the_name(
     assert not wrong.ok
     assert wrong.output == "the request failed: ConnectError"
     assert len(server.requests) == 1
+
+
+# -- what a value can do to the request ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "received"),
+    [
+        ("..", "/users/%2E%2E/profile?v=.."),
+        (".", "/users/%2E/profile?v=."),
+        ("../admin", "/users/%2E%2E%2Fadmin/profile?v=..%2Fadmin"),
+        ("a.b", "/users/a%2Eb/profile?v=a.b"),
+    ],
+)
+async def test_dot_segment_values_stay_in_their_path_segment(value: str, received: str) -> None:
+    """httpx (and servers) remove "." and ".." segments: a value must not become one."""
+    async with local_http_server() as server:
+        outcome = await run_http(
+            handler(f"{server.base}/users/{{{{id}}}}/profile?v={{{{id}}}}"),
+            {"id": value},
+            Guard(["127.0.0.1"]),
+        )
+    assert outcome.ok, outcome.output
+    assert [r.target for r in server.requests] == [received]
+
+
+async def test_compressed_responses_are_refused_before_decompression() -> None:
+    """A 10 MB gzip bomb (a few kB on the wire): the request asks for identity, and the response is
+    refused by its Content-Encoding, never decompressed."""
+    async with local_http_server() as server:
+        outcome = await run_http(handler(f"{server.base}/gzip-bomb"), {}, Guard(["127.0.0.1"]))
+        deflated = await run_http(handler(f"{server.base}/deflate-bomb"), {}, Guard(["127.0.0.1"]))
+        plain = await run_http(
+            handler(f"{server.base}/echo", headers={"Accept-Encoding": "gzip"}), {}, Guard(["127.0.0.1"])
+        )
+    assert not outcome.ok
+    assert outcome.output.startswith("refused: the server sent a gzip-encoded response")
+    assert not deflated.ok
+    assert "deflate-encoded" in deflated.output
+    assert plain.ok, plain.output
+    assert [r.headers["accept-encoding"] for r in server.requests] == ["identity"] * 3
+
+
+@pytest.mark.parametrize(
+    ("extra", "params"),
+    [
+        ({"url": "http://127.0.0.1:PORT/echo?q={{q}}"}, {"q": "\ud800"}),  # a lone surrogate
+        ({"url": "http://127.0.0.1:PORT/echo", "headers": {"X-Q": "{{q}}"}}, {"q": "caf\u00e9"}),
+        ({"url": "http://127.0.0.1:PORT/echo", "method": "POST", "bodyTemplate": '"{{q}}"'}, {"q": "\udfff"}),
+    ],
+)
+async def test_values_that_cannot_be_sent_are_a_clear_failure(
+    extra: dict[str, Any], params: dict[str, str]
+) -> None:
+    async with local_http_server() as server:
+        spec = {"type": "http", **extra, "url": str(extra["url"]).replace("PORT", str(server.port))}
+        outcome = await run_http(HttpHandler.model_validate(spec), params, Guard(["127.0.0.1"]))
+    assert not outcome.ok
+    assert outcome.output.startswith("the request cannot be sent")
+    assert server.requests == []
+
+
+async def test_an_unknown_charset_falls_back_to_utf8() -> None:
+    async with local_http_server() as server:
+        outcome = await run_http(
+            handler(f"{server.base}/charset/x-no-such-charset"), {}, Guard(["127.0.0.1"])
+        )
+        odd = await run_http(handler(f"{server.base}/charset/hex"), {}, Guard(["127.0.0.1"]))
+    assert (outcome.ok, outcome.output) == (True, "caf\u00e9 \ufffd")
+    assert (odd.ok, odd.output) == (True, "caf\u00e9 \ufffd")

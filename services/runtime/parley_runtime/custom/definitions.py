@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -41,7 +42,11 @@ __all__ = [
 # read at run time (get_setting: the character's encrypted secrets first), so a definition need not
 # carry a credential itself.
 SECRET_PREFIX = "secret:"
-PLACEHOLDER = re.compile(r"\{\{\s*((?:secret:)?[A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+PLACEHOLDER = re.compile(r"\{\{((?:secret:)?[A-Za-z_][A-Za-z0-9_]*)\}\}")
+# ``{{ name }}`` (whitespace inside the braces) is refused in every handler: shlex would split it
+# into three words, so it could not mean the same thing everywhere.
+SPACED_PLACEHOLDER = re.compile(r"\{\{\s*(?:secret:)?[A-Za-z_][A-Za-z0-9_]*\s*\}\}")
+SPACED_MESSAGE = "write placeholders without spaces inside the braces, as {{name}}"
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
 SENSITIVE_HEADER = re.compile(r"auth|cookie|token|key|secret|passw|session|signature", re.IGNORECASE)
 # Well below the inbound ack wait (60 s by default): a turn that runs an action must still finish.
@@ -140,6 +145,65 @@ def needs_shell(command: str) -> bool:
     return False
 
 
+HEREDOC = re.compile(r"<<-?[ \t]*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\1")
+RESERVED_WORDS = frozenset({"if", "then", "else", "elif", "while", "until", "do", "!", "{", "time", "exec"})
+ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+REDIRECTION = re.compile(r"^[0-9]*[<>]")
+REDIRECTION_END = re.compile(r"[0-9]*(?:<<-?|>>|>&|<&|>\||<>|[<>])$")
+
+
+def heredoc_bodies(command: str) -> list[tuple[int, int, bool]]:
+    """``[start, end)`` of each here-document body of ``command``, and whether its delimiter is
+    quoted (no expansion inside). Approximate: the ``<<WORD`` operators are found line by line."""
+    bodies: list[tuple[int, int, bool]] = []
+    lines = command.splitlines(keepends=True)
+    offset = 0
+    pending: list[tuple[str, bool, bool]] = []  # delimiter, quoted, strip tabs
+    start = -1
+    for line in lines:
+        if pending:
+            delimiter, quoted, tabs = pending[0]
+            if start < 0:
+                start = offset
+            text = line.rstrip("\n")
+            if (text.lstrip("\t") if tabs else text) == delimiter:
+                bodies.append((start, offset, quoted))
+                pending.pop(0)
+                start = -1
+        else:
+            for m in HEREDOC.finditer(PLACEHOLDER.sub("x", line)):
+                pending.append((m.group(2), bool(m.group(1)), m.group(0).startswith("<<-")))
+        offset += len(line)
+    if pending and start >= 0:
+        bodies.append((start, len(command), pending[0][1]))
+    return bodies
+
+
+def in_command_position(command: str, offset: int) -> bool:
+    """Whether the word starting at ``offset`` is the program of a simple command: first in the
+    command, after an operator (``|``, ``;``, ``&``, ``&&``, ``||``, ``(``, a newline), after a
+    reserved word or after the assignments that precede a command."""
+    text = PLACEHOLDER.sub(lambda m: "x" * len(m.group(0)), command[:offset])
+    while True:
+        text = text.rstrip(" \t")
+        if not text or text[-1] in "|;&(\n`":
+            return True
+        if text.endswith("$("):
+            return True
+        word = re.split(r"[ \t|;&()\n`]", text)[-1]
+        if word in RESERVED_WORDS:
+            return True
+        if ASSIGNMENT.match(word) or REDIRECTION.match(word):  # "X=1 cmd", ">out cmd"
+            text = text[: -len(word)]
+            continue
+        rest = text[: -len(word)].rstrip(" \t")
+        operator = REDIRECTION_END.search(rest)
+        if operator is not None:  # "> out cmd", "2>&1 cmd": the word is a redirection's target
+            text = rest[: operator.start()]
+            continue
+        return False
+
+
 class ParameterDef(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -179,11 +243,34 @@ class HttpHandler(BaseModel):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
+        if SPACED_PLACEHOLDER.search(PLACEHOLDER.sub("", value)):
+            raise ValueError(SPACED_MESSAGE)
         scheme = value.split(":", 1)[0].lower() if ":" in value else ""
         if scheme not in ("http", "https") or not value[len(scheme) :].startswith("://"):
             raise ValueError("must be an http:// or https:// URL")
         if any(ord(c) < 0x21 or c == "\x7f" for c in value):
             raise ValueError("must not contain spaces or control characters")
+        return value
+
+    @field_validator("body_template")
+    @classmethod
+    def _json_body(cls, value: str | None) -> str | None:
+        if value is None or SPACED_PLACEHOLDER.search(PLACEHOLDER.sub("", value)):
+            return value  # a spaced placeholder is refused with the field's name by CustomActionDef
+        if re.search(r"(?<!\\)(?:\\\\)*\\\{\{", value):
+            # "\{{x}}": the backslash would escape the first character of the JSON-escaped value.
+            raise ValueError("a {{placeholder}} must not follow a backslash")
+        spans = json_string_spans(value)
+
+        def empty(match: re.Match[str]) -> str:
+            return "" if any(start < match.start() < end for start, end in spans) else '""'
+
+        try:
+            json.loads(PLACEHOLDER.sub(empty, value))
+        except ValueError:
+            raise ValueError(
+                "must be a JSON document (with each {{placeholder}} as an empty string)"
+            ) from None
         return value
 
     @field_validator("headers")
@@ -196,6 +283,8 @@ class HttpHandler(BaseModel):
                 raise ValueError(f"the {name} header is set by the runtime")
             if any((ord(c) < 0x20 and c != "\t") or c == "\x7f" for c in text):
                 raise ValueError(f"the value of header {name} contains control characters")
+            if not text.isascii():
+                raise ValueError(f"the value of header {name} must be ASCII")
         return value
 
 
@@ -208,22 +297,51 @@ class ShellHandler(BaseModel):
 
     @field_validator("command")
     @classmethod
-    def _placeholders_unquoted(cls, value: str) -> str:
+    def _placeholders_safe(cls, value: str) -> str:
         if "\x00" in value:
             raise ValueError("must not contain NUL")
-        if needs_shell(value):
-            if shell_quoted_offsets(value):
-                # Values are shell-quoted; inside "..." a quoted value would still expand $(...).
-                raise ValueError("a command that needs a shell must not put {{placeholders}} inside quotes")
-            for match in PLACEHOLDER.finditer(value):
-                before = value[match.start() - 1] if match.start() else " "
-                after = value[match.end()] if match.end() < len(value) else " "
-                # A quoted value glued to other text could lose its opening quote (\'...) or be
-                # read as $'...'; as a word of its own it is always one literal argument.
-                if before not in WORD_BEFORE or after not in WORD_AFTER:
+        if SPACED_PLACEHOLDER.search(PLACEHOLDER.sub("", value)):
+            return value  # refused with the field's name by CustomActionDef
+        if not needs_shell(value):
+            try:
+                words = shlex.split(value)
+            except ValueError:
+                raise ValueError("is not a valid command (unbalanced quotes)") from None
+            if not words:
+                raise ValueError("is empty")
+            if PLACEHOLDER.search(words[0]):
+                raise ValueError("a {{placeholder}} must not be the program to run")
+            return value
+        if shell_quoted_offsets(value):
+            # A value would be "$N" there: a quoted reference inside quotes would be unquoted.
+            raise ValueError("a command that needs a shell must not put {{placeholders}} inside quotes")
+        bodies = heredoc_bodies(value)
+        for match in PLACEHOLDER.finditer(value):
+            if "((" in value[: match.start()]:
+                raise ValueError("a {{placeholder}} must not be used in shell arithmetic, (( )) or $(( ))")
+            body = next((quoted for start, end, quoted in bodies if start <= match.start() < end), None)
+            if body is not None:
+                if body:
+                    raise ValueError("a {{placeholder}} inside a quoted here-document would not be expanded")
+                line_start = value.rfind("\n", 0, match.start()) + 1
+                line_end = value.find("\n", match.end())
+                line = value[line_start : line_end if line_end >= 0 else len(value)]
+                if "$(" in line or "`" in line:
+                    # ${N} is not quoted in a here-document: in $(...) it would be split and globbed.
                     raise ValueError(
-                        "in a command that needs a shell, each {{placeholder}} must be a word of its own"
+                        "a {{placeholder}} in a here-document must not share a line with $(...) or `...`"
                     )
+                continue
+            before = value[match.start() - 1] if match.start() else " "
+            after = value[match.end()] if match.end() < len(value) else " "
+            # "\{{x}}" would escape the opening quote of "$N", "${{x}}" would read $"..."; as a word
+            # of its own a placeholder is always one literal argument.
+            if before not in WORD_BEFORE or after not in WORD_AFTER:
+                raise ValueError(
+                    "in a command that needs a shell, each {{placeholder}} must be a word of its own"
+                )
+            if before != "=" and in_command_position(value, match.start()):
+                raise ValueError("a {{placeholder}} must not be the program to run")
         return value
 
 
@@ -268,6 +386,8 @@ class CustomActionDef(BaseModel):
             raise ValueError("parameters: a parameter name is declared twice")
         declared = set(names)
         for where, text in self.templates():
+            if SPACED_PLACEHOLDER.search(PLACEHOLDER.sub("", text)):
+                raise ValueError(f"{where}: {SPACED_MESSAGE}")
             for used in placeholders(text):
                 if used.startswith(SECRET_PREFIX):
                     if not isinstance(self.handler, HttpHandler):

@@ -4,7 +4,8 @@
 a query or a host) and JSON-escaped in the body (inside a JSON string it is escaped; outside one it
 becomes a whole JSON string), so a value never leaves the string it was put in. Redirects are not
 followed, the whole exchange has one deadline, and at most ``limit`` characters of the response
-are read.
+are read. The request asks for no compression (``Accept-Encoding: identity``) and a compressed
+response is refused: the cap counts raw bytes, never what they would decompress to.
 """
 
 from __future__ import annotations
@@ -35,8 +36,26 @@ def _tls() -> ssl.SSLContext:
     return _ssl_context
 
 
+def _path_span(template: str) -> tuple[int, int]:
+    """The ``[start, end)`` offsets of the URL template's path (after the authority, before ``?``/``#``)."""
+    authority = template.find("://") + 3 if "://" in template else 0
+    start = template.find("/", authority)
+    if start < 0:
+        return len(template), len(template)
+    ends = [i for i in (template.find("?", start), template.find("#", start)) if i >= 0]
+    return start, min(ends, default=len(template))
+
+
 def render_url(template: str, params: Mapping[str, object]) -> str:
-    return render(template, params, lambda value, _: quote(value, safe=""))
+    """Every reserved character of a value is percent-encoded; in the path a ``.`` is ``%2E`` too, so
+    a value ``..`` or ``.`` is not a dot segment that the client or a server would remove."""
+    start, end = _path_span(template)
+
+    def encode(value: str, offset: int) -> str:
+        quoted = quote(value, safe="")
+        return quoted.replace(".", "%2E") if start <= offset < end else quoted
+
+    return render(template, params, encode)
 
 
 def render_body(template: str, params: Mapping[str, object]) -> str:
@@ -79,6 +98,10 @@ async def run_http(
         return HttpOutcome(False, f"the request took longer than {timeout:.0f}s")
     except SsrfBlocked as exc:
         return HttpOutcome(False, exc.message)
+    except (LookupError, UnicodeError):
+        # A parameter (or a secret) that cannot be sent: a lone surrogate in the URL, a non-ASCII
+        # character in a header value.
+        return HttpOutcome(False, "the request cannot be sent: a value is not valid text for a URL or header")
 
 
 async def _exchange(
@@ -91,7 +114,11 @@ async def _exchange(
 ) -> HttpOutcome:
     target = await guard.check(render_url(handler.url, params))
     headers = {name: render_header(value, params) for name, value in handler.headers.items()}
+    headers = {k: v for k, v in headers.items() if k.lower() != "accept-encoding"}
     headers["Host"] = target.host_header
+    # No compression: the cap below counts the bytes received, and a compressed body could expand
+    # to far more than that (a decompression bomb) before any cap applied.
+    headers["Accept-Encoding"] = "identity"
     body = None
     if handler.body_template is not None:
         body = render_body(handler.body_template, params).encode()
@@ -120,6 +147,14 @@ async def _exchange(
                     "custom http actions do not follow redirects",
                     response.status_code,
                 )
+            encoding = response.headers.get("content-encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):
+                return HttpOutcome(
+                    False,
+                    f"refused: the server sent a {encoding[:40]}-encoded response although the request "
+                    "asked for no compression (Accept-Encoding: identity)",
+                    response.status_code,
+                )
             text = await _read(response, limit)
         except httpx.HTTPError as exc:
             return HttpOutcome(False, f"reading the response failed: {type(exc).__name__}")
@@ -133,9 +168,14 @@ async def _read(response: httpx.Response, limit: int) -> str:
     wanted = limit * 4  # UTF-8 needs at most 4 bytes a character
     chunks: list[bytes] = []
     size = 0
-    async for chunk in response.aiter_bytes():
+    async for chunk in response.aiter_raw():  # the bytes as received: nothing is decompressed
         chunks.append(chunk)
         size += len(chunk)
         if size >= wanted:
             break
-    return b"".join(chunks)[:wanted].decode(response.encoding or "utf-8", errors="replace")[:limit]
+    data = b"".join(chunks)[:wanted]
+    try:
+        text = data.decode(response.charset_encoding or "utf-8", errors="replace")
+    except (LookupError, UnicodeError):  # a charset Python does not know, or not a text encoding
+        text = data.decode("utf-8", errors="replace")
+    return text[:limit]

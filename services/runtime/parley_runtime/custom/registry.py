@@ -132,6 +132,8 @@ class Executor:
                 ok, output = _process(await run_shell(handler, params, limit=limit), handler.timeout_seconds)
             except CommandNotFound as exc:
                 ok, output = False, str(exc)
+            except UnicodeError:  # a lone surrogate cannot be an argument
+                ok, output = False, "a value cannot be passed to the command: it is not valid text"
         else:
             assert isinstance(handler, CodeHandler)
             ok, output = _process(await run_code(handler, params, limit=limit), handler.timeout_seconds)

@@ -53,6 +53,18 @@ BROADCAST = ipaddress.IPv4Address("255.255.255.255")
 ULA = ipaddress.IPv6Network("fc00::/7")
 NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+SITE_LOCAL = ipaddress.IPv6Network("fec0::/10")
+# Ranges refused by name, whatever the ipaddress module's tables say in this Python version.
+SPECIAL_NETWORKS: tuple[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str], ...] = (
+    (ipaddress.IPv4Network("192.0.0.0/24"), "an IETF protocol assignment address (192.0.0.0/24)"),
+    (ipaddress.IPv4Network("192.0.2.0/24"), "a documentation address (192.0.2.0/24)"),
+    (ipaddress.IPv4Network("198.18.0.0/15"), "a benchmarking address (198.18.0.0/15)"),
+    (ipaddress.IPv4Network("198.51.100.0/24"), "a documentation address (198.51.100.0/24)"),
+    (ipaddress.IPv4Network("203.0.113.0/24"), "a documentation address (203.0.113.0/24)"),
+    (ipaddress.IPv4Network("240.0.0.0/4"), "a reserved address (240.0.0.0/4)"),
+    (ipaddress.IPv6Network("2001:db8::/32"), "a documentation address (2001:db8::/32)"),
+    (ipaddress.IPv6Network("3fff::/20"), "a documentation address (3fff::/20)"),
+)
 _NUMERIC_HOST = re.compile(r"^(0x[0-9a-f]*|[0-9]+)(\.(0x[0-9a-f]*|[0-9]+)){0,3}$")
 
 
@@ -128,6 +140,8 @@ def blocked_reason(address: IPAddress) -> str | None:
             return "an IPv4-compatible IPv6 address"
         if address in ULA:
             return "a unique local IPv6 address (fc00::/7)"
+        if address in SITE_LOCAL:
+            return "a site-local IPv6 address (fec0::/10)"
     if address.is_unspecified:
         return "the unspecified address"
     if address.is_loopback:
@@ -140,6 +154,9 @@ def blocked_reason(address: IPAddress) -> str | None:
         return "a carrier-grade NAT address (100.64.0.0/10)"
     if address == BROADCAST:
         return "the broadcast address"
+    for network, what in SPECIAL_NETWORKS:
+        if address.version == network.version and address in network:
+            return what
     if address.is_reserved:
         return "a reserved address"
     if any(address in network for network in RFC1918):
