@@ -225,6 +225,16 @@ async def test_ignore_beside_reply_with_text_keeps_only_the_reply(loop: Loop) ->
     assert reply.text == "Both were asked; only the reply remains."
 
 
+async def test_text_with_only_unknown_actions_is_still_the_answer(loop: Loop) -> None:
+    message = await loop.send("use a made-up action")
+    reply = await loop.reply(message)
+    assert reply.text == "I cannot fly there, but here is my answer."
+    assert reply.actions == ["REPLY"]
+    turn = await loop.finished(message)
+    recorded = [(a["name"], a["outcome"]) for a in (turn["trajectory"] or {}).get("actions", [])]
+    assert recorded == [("FLY_TO_MARS", "unknown"), ("REPLY", "success")]
+
+
 async def test_newer_message_supersedes_a_slow_older_one(loop: Loop) -> None:
     channel = f"race-{secrets.token_hex(3)}"
     slow = await loop.send("please be slow", channel=channel)

@@ -618,6 +618,10 @@ class TurnProcessor:
 
         t0 = time.perf_counter()
         actions = normalize_actions(parsed)
+        if parsed.text.strip() and not any(agent.catalog.find(name) for name in actions):
+            # The model answered but named no action it has (small models invent some): the text is
+            # still its answer. The unknown names are recorded as unknown, and nothing runs for them.
+            actions = [*actions, "REPLY"]
         turn.trajectory["actions"] = []
         for index, name in enumerate(actions):
             await self._run_action(turn, index, name)
