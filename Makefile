@@ -29,6 +29,7 @@ test: install lint typecheck  ## every test, infrastructure included
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 typecheck: install
 	$(BIN)/mypy

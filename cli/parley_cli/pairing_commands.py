@@ -11,7 +11,7 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 
 from parley.v1 import pairing_pb2, pairing_pb2_grpc
-from parley_platform.pairing import page_bounds
+from parley_platform.paging import page_bounds
 
 from . import client
 

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from parley.v1 import model_pb2, model_pb2_grpc
-from parley_platform.batcher_client import BatcherClient, Field
+from parley_clients.batcher import BatcherClient, Field
 from parley_platform.bus import Bus
 from parley_platform.errors import InvalidArgument, ParleyError, ResourceExhausted
 from parley_platform.grpcserver import error_from_rpc_error

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from parley.v1 import model_pb2, scheduler_pb2
+from parley_clients.batcher import BatcherClient
 from parley_gateway.drains import GATEWAY_AGENT
-from parley_platform.batcher_client import BatcherClient
 from parley_platform.bus import Bus
 from parley_platform.rpc import RpcClient
 from parley_platform.testing import eventually

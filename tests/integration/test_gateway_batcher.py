@@ -15,13 +15,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from parley.v1 import model_pb2
+from parley_clients.batcher import result_subject
 from parley_gateway.batcher import Batcher
 from parley_gateway.batching import BatcherConfig, SchemaField, Section
 from parley_gateway.engine import Budgets, Engine, GatewayMetrics, Ledger, Protected
 from parley_gateway.protection import CircuitBreaker, Limiter, RetryPolicy
 from parley_gateway.scripted import Rule, ScriptedEmbedder, ScriptedProvider
 from parley_gateway.store import MIGRATIONS_DIR, SCHEMA, GatewayStore
-from parley_platform.batcher_client import result_subject
 from parley_platform.bus import Bus
 from parley_platform.postgres import Database, migrate
 from parley_platform.testing import eventually

@@ -1,51 +1,42 @@
-"""Services share only libs/ and proto/: no service imports another, nor the CLI."""
+"""The import contracts (pyproject.toml, checked by `lint-imports` in `make lint`) cover every package.
+
+The contracts themselves - services import only the generated contract, the platform and the
+clients; no service imports another or the CLI; no import cycle inside a package - are enforced
+by import-linter. This test makes sure a new package cannot slip past them.
+"""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
-import pytest
+import tomllib
 
 from support import ROOT
 
-SERVICE_PACKAGES = {
-    package.name: package
-    for package in (ROOT / "services").glob("*/parley_*")
-    if (package / "__init__.py").exists()
-}
-PACKAGES = {
-    **SERVICE_PACKAGES,
-    "parley_platform": ROOT / "libs" / "platform" / "parley_platform",
-    "parley_cli": ROOT / "cli" / "parley_cli",
-}
-SHARED = {"parley", "parley_platform"}
-ALLOWED = {name: SHARED | {name} for name in PACKAGES}
+CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+SERVICES = {p.name for p in (ROOT / "services").glob("*/parley_*") if (p / "__init__.py").exists()}
+LIBS = {p.name for p in (ROOT / "libs").glob("*/parley_*") if (p / "__init__.py").exists()}
 
 
-def test_every_service_is_checked() -> None:
-    assert {"parley_runtime", "parley_gateway"} <= set(SERVICE_PACKAGES)
-
-
-def _first_party_imports(package: Path) -> set[tuple[str, str]]:
-    found = set()
-    for path in package.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            for name in names:
-                top = name.split(".")[0]
-                if top.startswith("parley"):
-                    found.add((path.name, top))
+def _contract(kind: str) -> dict[str, object]:
+    [found] = [c for c in CONFIG["contracts"] if c["type"] == kind]
     return found
 
 
-@pytest.mark.parametrize("package", sorted(PACKAGES))
-def test_imports_stay_inside_their_boundary(package: str) -> None:
-    imports = _first_party_imports(PACKAGES[package])
-    assert imports, f"{package}: found no imports at all; is the path right?"
-    crossing = sorted((file, top) for file, top in imports if top not in ALLOWED[package])
-    assert crossing == [], f"{package} imports across a boundary: {crossing}"
+def test_every_package_is_a_root_package() -> None:
+    assert {"parley_runtime", "parley_gateway"} <= SERVICES
+    assert SERVICES | LIBS | {"parley", "parley_cli"} <= set(CONFIG["root_packages"])
+
+
+def test_every_service_sits_in_the_services_layer() -> None:
+    layers = _contract("layers")["layers"]
+    assert isinstance(layers, list)
+    [service_layer] = [layer for layer in layers if "parley_runtime" in layer]
+    assert {name.strip() for name in service_layer.split("|")} == SERVICES
+
+
+def test_the_cli_may_not_import_a_service() -> None:
+    assert set(_contract("forbidden")["forbidden_modules"]) == SERVICES  # type: ignore[arg-type]
+
+
+def test_every_first_party_package_is_checked_for_cycles() -> None:
+    ancestors = set(_contract("acyclic_siblings")["ancestors"])  # type: ignore[arg-type]
+    assert SERVICES | (LIBS - {"parley"}) | {"parley_cli"} <= ancestors

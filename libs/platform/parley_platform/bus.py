@@ -27,7 +27,8 @@ from nats.js.api import (
     StreamConfig,
 )
 
-from .errors import DeadlineExceeded, Internal, ParleyError, Unavailable
+from . import codes
+from .errors import ParleyError
 from .logging import get_logger
 
 log = get_logger(__name__)
@@ -231,10 +232,8 @@ class Bus:
             cause = nc.last_error or exc
             with contextlib.suppress(Exception):
                 await nc.close()
-            raise Unavailable(
-                f"cannot connect to NATS at {_redact_url(url)}: {type(cause).__name__}",
-                code="NATS_UNAVAILABLE",
-                hint="start it with `parley infra up` or set PARLEY_NATS_URL",
+            raise codes.NATS_UNAVAILABLE(
+                f"cannot connect to NATS at {_redact_url(url)}: {type(cause).__name__}"
             ) from exc
         log.debug("nats connected", service=name)
         bus = cls(nc, Subjects(namespace))
@@ -346,13 +345,9 @@ def _redact_url(url: str) -> str:
 
 def _translate(exc: BaseException, what: str) -> ParleyError:
     if isinstance(exc, nats.errors.NoRespondersError):
-        return Unavailable(
-            f"{what}: no responders",
-            code="NO_RESPONDERS",
-            hint="is the service that serves this subject running?",
-        )
+        return codes.NO_RESPONDERS(f"{what}: no responders")
     if isinstance(exc, (asyncio.TimeoutError, nats.errors.TimeoutError)):
-        return DeadlineExceeded(f"{what}: timed out", code="NATS_TIMEOUT")
+        return codes.NATS_TIMEOUT(f"{what}: timed out")
     if isinstance(
         exc,
         (
@@ -362,14 +357,10 @@ def _translate(exc: BaseException, what: str) -> ParleyError:
             nats.errors.NoServersError,
         ),
     ):
-        return Unavailable(f"{what}: connection unavailable", code="NATS_UNAVAILABLE")
+        return codes.NATS_UNAVAILABLE(f"{what}: connection unavailable")
     if isinstance(exc, nats.js.errors.ServiceUnavailableError):
-        return Unavailable(
-            f"{what}: JetStream unavailable",
-            code="JETSTREAM_UNAVAILABLE",
-            hint="is the server started with -js?",
-        )
-    return Internal(f"{what}: {type(exc).__name__}: {exc}", code="NATS_ERROR")
+        return codes.JETSTREAM_UNAVAILABLE(f"{what}: JetStream unavailable")
+    return codes.NATS_ERROR(f"{what}: {type(exc).__name__}: {exc}")
 
 
 translate_nats_error = _translate

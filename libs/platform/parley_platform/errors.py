@@ -3,10 +3,17 @@
 Every adapter module translates its library's errors into these, so no
 ``psycopg.errors``, ``nats.errors`` or ``grpc.RpcError`` escapes it. The kind
 decides the gRPC status; the code is the stable, domain-specific name.
+
+Codes are declared once, in a ``Catalog`` per service (``parley_<service>/errors.py``,
+the platform's own in ``parley_platform/codes.py``) with their kind, meaning, hint and
+retryability; a raise site calls the entry: ``raise errors.AGENT_NOT_FOUND(f"no agent {name}")``.
+``docs/errors.md`` is generated from the catalogs (``tools/gen_errors.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from enum import Enum
 from typing import ClassVar
 
@@ -156,3 +163,54 @@ _CLASS_OF_KIND: dict[Kind, type[ParleyError]] = {
         Internal,
     )
 }
+
+
+@dataclass(frozen=True)
+class ErrorCode:
+    """One entry of a catalog: calling it makes the error to raise."""
+
+    code: str
+    kind: Kind
+    meaning: str
+    hint: str = ""
+    retryable: bool | None = None  # None: the kind decides (UNAVAILABLE, RESOURCE_EXHAUSTED, ...)
+    catalog: str = ""
+
+    def __call__(self, message: str, *, hint: str | None = None) -> ParleyError:
+        return _CLASS_OF_KIND[self.kind](
+            message, code=self.code, hint=self.hint if hint is None else hint, retryable=self.retryable
+        )
+
+    @property
+    def is_retryable(self) -> bool:
+        return _CLASS_OF_KIND[self.kind].retryable if self.retryable is None else self.retryable
+
+    def matches(self, exc: BaseException) -> bool:
+        return isinstance(exc, ParleyError) and exc.code == self.code
+
+
+class Catalog:
+    """The error codes of one service; a code is declared once, with one kind."""
+
+    def __init__(self, name: str, description: str) -> None:
+        self.name = name
+        self.description = description
+        self._codes: dict[str, ErrorCode] = {}
+
+    def define(
+        self, code: str, kind: Kind, meaning: str, *, hint: str = "", retryable: bool | None = None
+    ) -> ErrorCode:
+        if code in self._codes:
+            raise ValueError(f"error code {code} is declared twice in the {self.name} catalog")
+        entry = ErrorCode(code, kind, meaning, hint, retryable, self.name)
+        self._codes[code] = entry
+        return entry
+
+    def __iter__(self) -> Iterator[ErrorCode]:
+        return iter(sorted(self._codes.values(), key=lambda e: e.code))
+
+    def __contains__(self, code: object) -> bool:
+        return code in self._codes
+
+    def __getitem__(self, code: str) -> ErrorCode:
+        return self._codes[code]

@@ -17,7 +17,8 @@ from grpc_reflection.v1alpha import reflection
 
 from parley.v1 import common_pb2
 
-from .errors import KIND_OF_STATUS, DeadlineExceeded, InvalidArgument, Kind, ParleyError, Unauthenticated
+from . import codes
+from .errors import KIND_OF_STATUS, Kind, ParleyError
 from .logging import get_logger
 
 log = get_logger(__name__)
@@ -29,7 +30,7 @@ _OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
 def _abort_handler(handler: Handler, code: grpc.StatusCode, message: str) -> Handler:
-    envelope = Unauthenticated(message).to_proto().SerializeToString()
+    envelope = codes.UNAUTHENTICATED(message).to_proto().SerializeToString()
 
     async def abort(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         context.set_trailing_metadata(((ERROR_METADATA_KEY, envelope),))
@@ -50,11 +51,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-a
     def __init__(self, token: str) -> None:
         if not token.strip():
             # An empty token would let in anyone who sends "authorization: Bearer ".
-            raise InvalidArgument(
-                "the operator token is empty",
-                code="OPERATOR_TOKEN_EMPTY",
-                hint="set PARLEY_OPERATOR_TOKEN to a long random secret",
-            )
+            raise codes.OPERATOR_TOKEN_EMPTY("the operator token is empty")
         self._expected = f"Bearer {token}".encode()
 
     async def intercept_service(
@@ -94,7 +91,7 @@ def _wrap_unary(
         except ParleyError as exc:
             await _abort(context, exc)
         except TimeoutError:
-            await _abort(context, DeadlineExceeded(f"{name} did not finish within {budget:.1f}s"))
+            await _abort(context, codes.DEADLINE_EXCEEDED(f"{name} did not finish within {budget:.1f}s"))
         except grpc.aio.AbortError:
             raise
         except Exception:
@@ -162,11 +159,7 @@ async def start_grpc_server(
     except RuntimeError:
         bound = 0
     if bound == 0:
-        raise ParleyError(
-            f"cannot listen for gRPC on {host}:{port}",
-            code="PORT_IN_USE",
-            hint="set the service's PARLEY_*_GRPC_PORT to a free port",
-        )
+        raise codes.PORT_IN_USE(f"cannot listen for gRPC on {host}:{port}")
     await server.start()
     for name in ["", *(b.full_name for b in bindings)]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

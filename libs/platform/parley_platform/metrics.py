@@ -8,7 +8,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from .errors import FailedPrecondition
+from . import codes
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -32,9 +32,8 @@ def serve(registry: CollectorRegistry, host: str, port: int, *, port_setting: st
     try:
         server, thread = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
-        raise FailedPrecondition(
+        raise codes.PORT_IN_USE(
             f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}",
-            code="PORT_IN_USE",
             hint=f"set {port_setting} to a free port" if port_setting else "choose a free metrics port",
         ) from exc
     return MetricsServer(server, thread)

@@ -18,7 +18,8 @@ import psycopg.errors
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from .errors import Conflict, FailedPrecondition, Internal, InvalidArgument, ParleyError, Unavailable
+from . import codes
+from .errors import ParleyError
 from .logging import get_logger
 
 log = get_logger(__name__)
@@ -32,9 +33,9 @@ Row = dict[str, Any]
 
 def translate(exc: BaseException, what: str = "database") -> ParleyError:
     if isinstance(exc, psycopg.errors.UniqueViolation):
-        return Conflict(f"{what}: already exists", code="ALREADY_EXISTS")
+        return codes.ALREADY_EXISTS(f"{what}: already exists")
     if isinstance(exc, psycopg.errors.SerializationFailure | psycopg.errors.DeadlockDetected):
-        return Conflict(f"{what}: concurrent update, retry", code="SERIALIZATION_FAILURE", retryable=True)
+        return codes.SERIALIZATION_FAILURE(f"{what}: concurrent update, retry")
     if isinstance(
         exc,
         psycopg.errors.CheckViolation
@@ -47,21 +48,16 @@ def translate(exc: BaseException, what: str = "database") -> ParleyError:
     ):
         diag = getattr(exc, "diag", None)
         constraint = getattr(diag, "constraint_name", None) or ""
-        return InvalidArgument(
-            f"{what}: rejected by the database ({constraint or type(exc).__name__})",
-            code="CONSTRAINT_VIOLATION",
+        return codes.CONSTRAINT_VIOLATION(
+            f"{what}: rejected by the database ({constraint or type(exc).__name__})"
         )
     if isinstance(exc, psycopg.errors.ProgramLimitExceeded):
-        return InvalidArgument(f"{what}: a value is too large for the database", code="VALUE_TOO_LARGE")
+        return codes.VALUE_TOO_LARGE(f"{what}: a value is too large for the database")
     if isinstance(exc, PoolTimeout):
-        return Unavailable(f"{what}: no database connection available in time", code="DB_POOL_EXHAUSTED")
+        return codes.DB_POOL_EXHAUSTED(f"{what}: no database connection available in time")
     if isinstance(exc, psycopg.OperationalError):
-        return Unavailable(
-            f"{what}: database unavailable ({type(exc).__name__})",
-            code="DB_UNAVAILABLE",
-            hint="check PARLEY_DATABASE_URL and that PostgreSQL is running",
-        )
-    return Internal(f"{what}: {type(exc).__name__}", code="DB_ERROR")
+        return codes.DB_UNAVAILABLE(f"{what}: database unavailable ({type(exc).__name__})")
+    return codes.DB_ERROR(f"{what}: {type(exc).__name__}")
 
 
 class Database:
@@ -81,9 +77,8 @@ class Database:
         try:
             await self.pool.open(wait=True, timeout=timeout)
         except (psycopg.Error, PoolTimeout) as exc:
-            raise Unavailable(
+            raise codes.DB_UNAVAILABLE(
                 "cannot connect to PostgreSQL",
-                code="DB_UNAVAILABLE",
                 hint="check PARLEY_DATABASE_URL, or start it with `parley infra up`",
             ) from exc
 
@@ -134,7 +129,7 @@ def load_queries(path: Path) -> dict[str, str]:
     queries: dict[str, str] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in queries:
-            raise FailedPrecondition(f"query {name!r} is defined twice in {path}", code="QUERY_DUPLICATE")
+            raise codes.QUERY_DUPLICATE(f"query {name!r} is defined twice in {path}")
         lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
         queries[name] = "\n".join(lines).strip().rstrip(";")
     return queries
@@ -142,18 +137,16 @@ def load_queries(path: Path) -> dict[str, str]:
 
 def _migrations(directory: Path) -> list[tuple[int, str, str]]:
     if not directory.is_dir():
-        raise FailedPrecondition(f"migrations directory {directory} does not exist", code="MIGRATION_INVALID")
+        raise codes.MIGRATION_INVALID(f"migrations directory {directory} does not exist")
     found = []
     for path in sorted(directory.glob("*.sql")):
         match = re.match(r"^(\d+)_([a-z0-9_]+)\.sql$", path.name)
         if not match:
-            raise FailedPrecondition(
-                f"migration file name {path.name!r} is not NNNN_name.sql", code="MIGRATION_INVALID"
-            )
+            raise codes.MIGRATION_INVALID(f"migration file name {path.name!r} is not NNNN_name.sql")
         found.append((int(match.group(1)), path.name, path.read_text()))
     versions = [v for v, _, _ in found]
     if len(set(versions)) != len(versions):
-        raise FailedPrecondition(f"duplicate migration versions in {directory}", code="MIGRATION_INVALID")
+        raise codes.MIGRATION_INVALID(f"duplicate migration versions in {directory}")
     # By version, not by file name: "10_x.sql" sorts before "2_y.sql" as text.
     return sorted(found, key=lambda m: m[0])
 
@@ -165,7 +158,7 @@ async def migrate(url: str, schema: str, directory: Path) -> list[str]:
     replica waits, then finds the migrations applied.
     """
     if not re.fullmatch(r"[a-z_][a-z0-9_]*", schema):
-        raise InvalidArgument(f"invalid schema name {schema!r}")
+        raise codes.INVALID_ARGUMENT(f"invalid schema name {schema!r}")
     migrations = _migrations(directory)
     applied: list[str] = []
     try:
@@ -186,10 +179,8 @@ async def migrate(url: str, schema: str, directory: Path) -> list[str]:
                 checksum = hashlib.sha256(sql.encode()).hexdigest()
                 if version in done:
                     if done[version][1] != checksum:
-                        raise FailedPrecondition(
-                            f"migration {name} changed after it was applied to schema {schema}",
-                            code="MIGRATION_CHANGED",
-                            hint="never edit an applied migration; add a new one",
+                        raise codes.MIGRATION_CHANGED(
+                            f"migration {name} changed after it was applied to schema {schema}"
                         )
                     continue
                 await conn.execute(sql.encode())

@@ -20,8 +20,9 @@ from nats.aio.msg import Msg
 
 from parley.v1 import common_pb2
 
+from . import codes
 from .bus import Bus, translate_nats_error
-from .errors import DeadlineExceeded, Internal, InvalidArgument, ParleyError
+from .errors import ParleyError
 from .logging import get_logger
 from .metrics import MessagingMetrics
 
@@ -78,9 +79,8 @@ class RpcServer:
             try:
                 request = request_type.FromString(msg.data)
             except DecodeError as exc:
-                raise InvalidArgument(
-                    f"{method}: request is not a valid {request_type.DESCRIPTOR.full_name}",
-                    code="INVALID_PAYLOAD",
+                raise codes.INVALID_PAYLOAD(
+                    f"{method}: request is not a valid {request_type.DESCRIPTOR.full_name}"
                 ) from exc
             deadline = _deadline_of(msg)
             if deadline is None:
@@ -88,7 +88,7 @@ class RpcServer:
             else:
                 remaining = deadline - time.time()
                 if remaining <= 0:
-                    raise DeadlineExceeded(f"{method}: deadline passed before handling")
+                    raise codes.DEADLINE_EXCEEDED(f"{method}: deadline passed before handling")
                 async with asyncio.timeout(remaining):
                     response = await handler(request)
             await self._reply(msg, response.SerializeToString(), "ok")
@@ -97,12 +97,12 @@ class RpcServer:
             await self._reply(msg, exc.to_proto().SerializeToString(), "error")
         except TimeoutError:
             outcome = "DEADLINE_EXCEEDED"
-            timeout = DeadlineExceeded(f"{method}: caller's deadline exceeded")
+            timeout = codes.DEADLINE_EXCEEDED(f"{method}: caller's deadline exceeded")
             await self._reply(msg, timeout.to_proto().SerializeToString(), "error")
         except Exception:
             outcome = "INTERNAL"
             log.exception("rpc handler crashed", service=self.service, method=method)
-            err = Internal(f"{method} failed unexpectedly", hint="see the service log")
+            err = codes.INTERNAL(f"{method} failed unexpectedly")
             await self._reply(msg, err.to_proto().SerializeToString(), "error")
         finally:
             if self.metrics:
@@ -160,7 +160,7 @@ class RpcClient:
             if status == "error":
                 raise ParleyError.from_proto(common_pb2.Error.FromString(reply.data))
             if status != "ok":
-                raise Internal(f"{service}.{method}: reply without {STATUS} header", code="BAD_REPLY")
+                raise codes.BAD_REPLY(f"{service}.{method}: reply without {STATUS} header")
             return response_type.FromString(reply.data)
         except DecodeError as exc:
-            raise Internal(f"{service}.{method}: reply does not decode", code="BAD_REPLY") from exc
+            raise codes.BAD_REPLY(f"{service}.{method}: reply does not decode") from exc

@@ -50,8 +50,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from parley.v1 import scheduler_pb2
 
+from . import codes
 from .bus import Bus, Subjects
-from .errors import InvalidArgument, ParleyError
+from .errors import ParleyError
 from .logging import get_logger
 from .metrics import LATENCY_BUCKETS
 from .rpc import STATUS, RpcClient
@@ -168,11 +169,9 @@ class Workers:
 
     def add(self, name: str, handler: Handler) -> None:
         if not name or any(c in name for c in ".*> \t\r\n"):
-            raise InvalidArgument(
-                f"worker name {name!r} cannot be a NATS subject token", code="WORKER_NAME_INVALID"
-            )
+            raise codes.WORKER_NAME_INVALID(f"worker name {name!r} cannot be a NATS subject token")
         if name in self._handlers and self._handlers[name] is not handler:
-            raise InvalidArgument(f"worker {name!r} is registered twice", code="WORKER_DUPLICATE")
+            raise codes.WORKER_DUPLICATE(f"worker {name!r} is registered twice")
         self._handlers[name] = handler
 
     def get(self, name: str) -> Handler | None:
@@ -277,13 +276,13 @@ class WorkerHost:
         try:
             request = scheduler_pb2.RunTaskRequest.FromString(msg.data)
         except DecodeError:
-            error = InvalidArgument("the request is not a RunTaskRequest", code="INVALID_PAYLOAD")
+            error = codes.INVALID_PAYLOAD("the request is not a RunTaskRequest")
             await self._respond(msg, error.to_proto().SerializeToString(), "error")
             return
         name = request.task.name or msg.subject.rsplit(".", 1)[-1]
         handler = self.workers.get(name)
         if handler is None:
-            error = InvalidArgument(f"this service has no worker {name!r}", code="WORKER_UNKNOWN")
+            error = codes.WORKER_UNKNOWN(f"this service has no worker {name!r}")
             await self._respond(msg, error.to_proto().SerializeToString(), "error")
             return
         lease = Lease(

@@ -20,7 +20,7 @@ from functools import partial
 from typing import Any
 
 from parley.v1 import model_pb2
-from parley_platform.batcher_client import result_subject
+from parley_clients.batcher import result_subject
 from parley_platform.bus import Bus
 from parley_platform.errors import Conflict, ParleyError
 from parley_platform.logging import get_logger

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from parley.v1 import pairing_pb2
 from parley_platform.errors import InvalidArgument, NotFound
 from parley_platform.logging import get_logger
-from parley_platform.pairing import MAX_LIMIT
+from parley_platform.paging import MAX_LIMIT
 
 from . import domain
 from .domain import AllowEntry, Page, PendingRequest

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Generic, TypeVar
 
 from parley_platform.errors import InvalidArgument
-from parley_platform.pairing import page_bounds
+from parley_platform.paging import page_bounds
 
 # The spec's alphabet: no 0/O or 1/I, so a code read aloud or typed from a screenshot is unambiguous.
 ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from parley_platform.pairing import dm_policy
+from parley_clients.pairing import dm_policy
 
 from .actions import Catalog
 from .agent_settings import get_setting, setting_bool

@@ -26,12 +26,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from psycopg.types.json import Jsonb
 
 from parley.v1 import model_pb2, runtime_pb2
+from parley_clients.pairing import PairingGate, dm_policy
 from parley_platform.bus import Bus
 from parley_platform.consumer import Delivery, Poison, is_permanent
 from parley_platform.errors import ParleyError
 from parley_platform.logging import get_logger
 from parley_platform.metrics import LATENCY_BUCKETS
-from parley_platform.pairing import PairingGate, dm_policy
 from parley_platform.rpc import RpcClient
 
 from . import ids

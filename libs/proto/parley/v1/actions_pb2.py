@@ -23,31 +23,34 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from parley.v1 import common_pb2 as parley_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17parley/v1/actions.proto\x12\tparley.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x90\x02\n\x0c\x43ustomAction\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\x12\x0f\n\x07similes\x18\x05 \x03(\t\x12\x14\n\x0chandler_type\x18\x06 \x01(\t\x12\x0f\n\x07\x65nabled\x18\x07 \x01(\x08\x12\x0e\n\x06source\x18\x08 \x01(\t\x12\x17\n\x0f\x64\x65\x66inition_json\x18\t \x01(\t\x12.\n\ncreated_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\">\n\x16\x41\x64\x64\x43ustomActionRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\ndefinition\x18\x02 \x01(\t\",\n\x18ListCustomActionsRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\"E\n\x19ListCustomActionsResponse\x12(\n\x07\x61\x63tions\x18\x01 \x03(\x0b\x32\x17.parley.v1.CustomAction\"`\n\x17TestCustomActionRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\ndefinition\x18\x02 \x01(\t\x12\n\n\x02id\x18\x03 \x01(\t\x12\x13\n\x0bparams_json\x18\x04 \x01(\t\"6\n\x18TestCustomActionResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06output\x18\x02 \x01(\t\"9\n\x19RemoveCustomActionRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\"\x1c\n\x1aRemoveCustomActionResponse2\xfe\x02\n\rCustomActions\x12M\n\x0f\x41\x64\x64\x43ustomAction\x12!.parley.v1.AddCustomActionRequest\x1a\x17.parley.v1.CustomAction\x12^\n\x11ListCustomActions\x12#.parley.v1.ListCustomActionsRequest\x1a$.parley.v1.ListCustomActionsResponse\x12[\n\x10TestCustomAction\x12\".parley.v1.TestCustomActionRequest\x1a#.parley.v1.TestCustomActionResponse\x12\x61\n\x12RemoveCustomAction\x12$.parley.v1.RemoveCustomActionRequest\x1a%.parley.v1.RemoveCustomActionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17parley/v1/actions.proto\x12\tparley.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16parley/v1/common.proto\"\x90\x02\n\x0c\x43ustomAction\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\x12\x0f\n\x07similes\x18\x05 \x03(\t\x12\x14\n\x0chandler_type\x18\x06 \x01(\t\x12\x0f\n\x07\x65nabled\x18\x07 \x01(\x08\x12\x0e\n\x06source\x18\x08 \x01(\t\x12\x17\n\x0f\x64\x65\x66inition_json\x18\t \x01(\t\x12.\n\ncreated_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\">\n\x16\x41\x64\x64\x43ustomActionRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\ndefinition\x18\x02 \x01(\t\",\n\x18ListCustomActionsRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\"E\n\x19ListCustomActionsResponse\x12(\n\x07\x61\x63tions\x18\x01 \x03(\x0b\x32\x17.parley.v1.CustomAction\"`\n\x17TestCustomActionRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\ndefinition\x18\x02 \x01(\t\x12\n\n\x02id\x18\x03 \x01(\t\x12\x13\n\x0bparams_json\x18\x04 \x01(\t\"6\n\x18TestCustomActionResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06output\x18\x02 \x01(\t\"9\n\x19RemoveCustomActionRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\"\x1c\n\x1aRemoveCustomActionResponse2\x8b\x03\n\rCustomActions\x12M\n\x0f\x41\x64\x64\x43ustomAction\x12!.parley.v1.AddCustomActionRequest\x1a\x17.parley.v1.CustomAction\x12^\n\x11ListCustomActions\x12#.parley.v1.ListCustomActionsRequest\x1a$.parley.v1.ListCustomActionsResponse\x12[\n\x10TestCustomAction\x12\".parley.v1.TestCustomActionRequest\x1a#.parley.v1.TestCustomActionResponse\x12\x61\n\x12RemoveCustomAction\x12$.parley.v1.RemoveCustomActionRequest\x1a%.parley.v1.RemoveCustomActionResponse\x1a\x0b\xa2\xbb\x18\x07runtimeb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'parley.v1.actions_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CUSTOMACTION']._serialized_start=72
-  _globals['_CUSTOMACTION']._serialized_end=344
-  _globals['_ADDCUSTOMACTIONREQUEST']._serialized_start=346
-  _globals['_ADDCUSTOMACTIONREQUEST']._serialized_end=408
-  _globals['_LISTCUSTOMACTIONSREQUEST']._serialized_start=410
-  _globals['_LISTCUSTOMACTIONSREQUEST']._serialized_end=454
-  _globals['_LISTCUSTOMACTIONSRESPONSE']._serialized_start=456
-  _globals['_LISTCUSTOMACTIONSRESPONSE']._serialized_end=525
-  _globals['_TESTCUSTOMACTIONREQUEST']._serialized_start=527
-  _globals['_TESTCUSTOMACTIONREQUEST']._serialized_end=623
-  _globals['_TESTCUSTOMACTIONRESPONSE']._serialized_start=625
-  _globals['_TESTCUSTOMACTIONRESPONSE']._serialized_end=679
-  _globals['_REMOVECUSTOMACTIONREQUEST']._serialized_start=681
-  _globals['_REMOVECUSTOMACTIONREQUEST']._serialized_end=738
-  _globals['_REMOVECUSTOMACTIONRESPONSE']._serialized_start=740
-  _globals['_REMOVECUSTOMACTIONRESPONSE']._serialized_end=768
-  _globals['_CUSTOMACTIONS']._serialized_start=771
-  _globals['_CUSTOMACTIONS']._serialized_end=1153
+  _globals['_CUSTOMACTIONS']._loaded_options = None
+  _globals['_CUSTOMACTIONS']._serialized_options = b'\242\273\030\007runtime'
+  _globals['_CUSTOMACTION']._serialized_start=96
+  _globals['_CUSTOMACTION']._serialized_end=368
+  _globals['_ADDCUSTOMACTIONREQUEST']._serialized_start=370
+  _globals['_ADDCUSTOMACTIONREQUEST']._serialized_end=432
+  _globals['_LISTCUSTOMACTIONSREQUEST']._serialized_start=434
+  _globals['_LISTCUSTOMACTIONSREQUEST']._serialized_end=478
+  _globals['_LISTCUSTOMACTIONSRESPONSE']._serialized_start=480
+  _globals['_LISTCUSTOMACTIONSRESPONSE']._serialized_end=549
+  _globals['_TESTCUSTOMACTIONREQUEST']._serialized_start=551
+  _globals['_TESTCUSTOMACTIONREQUEST']._serialized_end=647
+  _globals['_TESTCUSTOMACTIONRESPONSE']._serialized_start=649
+  _globals['_TESTCUSTOMACTIONRESPONSE']._serialized_end=703
+  _globals['_REMOVECUSTOMACTIONREQUEST']._serialized_start=705
+  _globals['_REMOVECUSTOMACTIONREQUEST']._serialized_end=762
+  _globals['_REMOVECUSTOMACTIONRESPONSE']._serialized_start=764
+  _globals['_REMOVECUSTOMACTIONRESPONSE']._serialized_end=792
+  _globals['_CUSTOMACTIONS']._serialized_start=795
+  _globals['_CUSTOMACTIONS']._serialized_end=1190
 # @@protoc_insertion_point(module_scope)

@@ -22,21 +22,22 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import descriptor_pb2 as google_dot_protobuf_dot_descriptor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16parley/v1/common.proto\x12\tparley.v1\"k\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0c\n\x04hint\x18\x03 \x01(\t\x12\x11\n\tretryable\x18\x04 \x01(\x08\x12\"\n\x04kind\x18\x05 \x01(\x0e\x32\x14.parley.v1.ErrorKind\",\n\x0bPageRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\x12\x0e\n\x06offset\x18\x02 \x01(\x03\"i\n\x0cPageResponse\x12\r\n\x05limit\x18\x01 \x01(\x05\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x10\n\x08has_more\x18\x03 \x01(\x08\x12\x18\n\x0bnext_offset\x18\x04 \x01(\x03H\x00\x88\x01\x01\x42\x0e\n\x0c_next_offset*\xdb\x02\n\tErrorKind\x12\x1a\n\x16\x45RROR_KIND_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45RROR_KIND_INVALID_ARGUMENT\x10\x01\x12\x18\n\x14\x45RROR_KIND_NOT_FOUND\x10\x02\x12\x17\n\x13\x45RROR_KIND_CONFLICT\x10\x03\x12\"\n\x1e\x45RROR_KIND_FAILED_PRECONDITION\x10\x04\x12!\n\x1d\x45RROR_KIND_RESOURCE_EXHAUSTED\x10\x05\x12\x1e\n\x1a\x45RROR_KIND_UNAUTHENTICATED\x10\x06\x12 \n\x1c\x45RROR_KIND_PERMISSION_DENIED\x10\x07\x12\x1a\n\x16\x45RROR_KIND_UNAVAILABLE\x10\x08\x12 \n\x1c\x45RROR_KIND_DEADLINE_EXCEEDED\x10\t\x12\x17\n\x13\x45RROR_KIND_INTERNAL\x10\nb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16parley/v1/common.proto\x12\tparley.v1\x1a google/protobuf/descriptor.proto\"k\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0c\n\x04hint\x18\x03 \x01(\t\x12\x11\n\tretryable\x18\x04 \x01(\x08\x12\"\n\x04kind\x18\x05 \x01(\x0e\x32\x14.parley.v1.ErrorKind\",\n\x0bPageRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\x12\x0e\n\x06offset\x18\x02 \x01(\x03\"i\n\x0cPageResponse\x12\r\n\x05limit\x18\x01 \x01(\x05\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x10\n\x08has_more\x18\x03 \x01(\x08\x12\x18\n\x0bnext_offset\x18\x04 \x01(\x03H\x00\x88\x01\x01\x42\x0e\n\x0c_next_offset*\xdb\x02\n\tErrorKind\x12\x1a\n\x16\x45RROR_KIND_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45RROR_KIND_INVALID_ARGUMENT\x10\x01\x12\x18\n\x14\x45RROR_KIND_NOT_FOUND\x10\x02\x12\x17\n\x13\x45RROR_KIND_CONFLICT\x10\x03\x12\"\n\x1e\x45RROR_KIND_FAILED_PRECONDITION\x10\x04\x12!\n\x1d\x45RROR_KIND_RESOURCE_EXHAUSTED\x10\x05\x12\x1e\n\x1a\x45RROR_KIND_UNAUTHENTICATED\x10\x06\x12 \n\x1c\x45RROR_KIND_PERMISSION_DENIED\x10\x07\x12\x1a\n\x16\x45RROR_KIND_UNAVAILABLE\x10\x08\x12 \n\x1c\x45RROR_KIND_DEADLINE_EXCEEDED\x10\t\x12\x17\n\x13\x45RROR_KIND_INTERNAL\x10\n:7\n\x0cnats_service\x12\x1f.google.protobuf.ServiceOptions\x18\xb4\x87\x03 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'parley.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ERRORKIND']._serialized_start=300
-  _globals['_ERRORKIND']._serialized_end=647
-  _globals['_ERROR']._serialized_start=37
-  _globals['_ERROR']._serialized_end=144
-  _globals['_PAGEREQUEST']._serialized_start=146
-  _globals['_PAGEREQUEST']._serialized_end=190
-  _globals['_PAGERESPONSE']._serialized_start=192
-  _globals['_PAGERESPONSE']._serialized_end=297
+  _globals['_ERRORKIND']._serialized_start=334
+  _globals['_ERRORKIND']._serialized_end=681
+  _globals['_ERROR']._serialized_start=71
+  _globals['_ERROR']._serialized_end=178
+  _globals['_PAGEREQUEST']._serialized_start=180
+  _globals['_PAGEREQUEST']._serialized_end=224
+  _globals['_PAGERESPONSE']._serialized_start=226
+  _globals['_PAGERESPONSE']._serialized_end=331
 # @@protoc_insertion_point(module_scope)

@@ -4,8 +4,10 @@ isort:skip_file
 """
 
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import descriptor_pb2 as _descriptor_pb2
 from google.protobuf import message as _message
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf.internal import extension_dict as _extension_dict
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -149,3 +151,6 @@ class PageResponse(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__next_offset) -> _WhichOneofReturnType__next_offset | None: ...
 
 Global___PageResponse: _TypeAlias = PageResponse  # noqa: Y015
+
+NATS_SERVICE_FIELD_NUMBER: _builtins.int
+nats_service: _extension_dict._ExtensionFieldDescriptor[_descriptor_pb2.ServiceOptions, _builtins.str]

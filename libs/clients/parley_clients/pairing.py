@@ -1,8 +1,5 @@
-"""The client side of the pairing service, shared by the runtime, the CLI and the service itself.
+"""The client side of the pairing service, shared by the runtime and the service itself.
 
-- ``page_bounds``: the pairing pages' limit and offset, validated from whatever a
-  caller sent (an int from protobuf, a string from the command line, any JSON
-  value), with an error that names the field.
 - ``DmPolicy`` and ``PairingGate``: who may talk to an agent in a DM. The runtime
   asks the gate before a turn; the gate calls the pairing service over NATS and
   fails closed when it does not answer.
@@ -10,57 +7,17 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 
 from parley.v1 import pairing_pb2
-
-from .errors import InvalidArgument, ParleyError
-from .logging import get_logger
-from .rpc import RpcClient
+from parley.v1.pairing_nats import PairingClient
+from parley_platform import codes
+from parley_platform.errors import InvalidArgument, ParleyError
+from parley_platform.logging import get_logger
+from parley_platform.rpc import RpcClient
 
 log = get_logger(__name__)
-
-SERVICE = "pairing"
-DEFAULT_LIMIT = 50
-MAX_LIMIT = 100
-MAX_OFFSET = 2**63 - 1  # the wire's int64 and SQL's bigint
-_INTEGER = re.compile(r"[+-]?[0-9]+")
-
-
-def _integer(value: object, field: str, requirement: str) -> int:
-    # bool is an int in Python, and 1.0 or "1.5" are not integers the caller meant.
-    if isinstance(value, bool):
-        raise InvalidArgument(f"{field} must be {requirement}, got a boolean", code="INVALID_PAGE")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and _INTEGER.fullmatch(value.strip()):
-        return int(value.strip())
-    shown = (
-        repr(value)
-        if isinstance(value, int | float | str) and len(repr(value)) <= 40
-        else type(value).__name__
-    )
-    raise InvalidArgument(f"{field} must be {requirement}, got {shown}", code="INVALID_PAGE")
-
-
-def page_bounds(limit: object = None, offset: object = None) -> tuple[int, int]:
-    """(limit, offset) of a pairing page: limit 1–100 (None: 50), offset ≥ 0 (None: 0), both integers."""
-    limit_requirement = f"an integer from 1 to {MAX_LIMIT}"
-    checked_limit = DEFAULT_LIMIT if limit is None else _integer(limit, "limit", limit_requirement)
-    if not 1 <= checked_limit <= MAX_LIMIT:
-        raise InvalidArgument(f"limit must be {limit_requirement}, got {checked_limit}", code="INVALID_PAGE")
-    checked_offset = 0 if offset is None else _integer(offset, "offset", "an integer of 0 or more")
-    if checked_offset < 0:
-        raise InvalidArgument(
-            f"offset must be an integer of 0 or more, got {checked_offset}", code="INVALID_PAGE"
-        )
-    if checked_offset > MAX_OFFSET:
-        raise InvalidArgument(
-            f"offset must be at most {MAX_OFFSET}, got {checked_offset}", code="INVALID_PAGE"
-        )
-    return checked_limit, checked_offset
 
 
 class DmPolicy(StrEnum):
@@ -79,7 +36,7 @@ def dm_policy(value: object, field: str = "dm_policy") -> DmPolicy:
         except ValueError:
             pass
     choices = ", ".join(p.value for p in DmPolicy)
-    raise InvalidArgument(f"{field} must be one of {choices}", code="INVALID_DM_POLICY")
+    raise codes.INVALID_DM_POLICY(f"{field} must be one of {choices}")
 
 
 UNAVAILABLE_REPLY = "Pairing is temporarily unavailable, so I cannot answer you yet. Please try again later."
@@ -117,8 +74,7 @@ class PairingGate:
     """
 
     def __init__(self, rpc: RpcClient, *, timeout: float = 2.0) -> None:
-        self.rpc = rpc
-        self.timeout = timeout
+        self.pairing = PairingClient(rpc, timeout=timeout)
 
     async def admit(
         self,
@@ -135,32 +91,20 @@ class PairingGate:
         if policy is DmPolicy.CLOSED:
             return Admission(False, "closed")
         try:
-            allowed = await self.rpc.call(
-                SERVICE,
-                "IsAllowed",
-                pairing_pb2.IsAllowedRequest(agent_id=agent_id, channel=channel, sender_id=sender_id),
-                pairing_pb2.IsAllowedResponse,
-                timeout=self.timeout,
+            allowed = await self.pairing.IsAllowed(
+                pairing_pb2.IsAllowedRequest(agent_id=agent_id, channel=channel, sender_id=sender_id)
             )
             if allowed.allowed:
                 return Admission(True, "allowed")
             if policy is DmPolicy.ALLOWLIST:
                 return Admission(False, "not_allowed")
-            await self.rpc.call(
-                SERVICE,
-                "UpsertRequest",
+            await self.pairing.UpsertRequest(
                 pairing_pb2.UpsertRequestRequest(
                     agent_id=agent_id, channel=channel, sender_id=sender_id, metadata=metadata or {}
-                ),
-                pairing_pb2.UpsertRequestResponse,
-                timeout=self.timeout,
+                )
             )
-            claim = await self.rpc.call(
-                SERVICE,
-                "ClaimPairingReply",
-                pairing_pb2.ClaimPairingReplyRequest(agent_id=agent_id, channel=channel, sender_id=sender_id),
-                pairing_pb2.ClaimPairingReplyResponse,
-                timeout=self.timeout,
+            claim = await self.pairing.ClaimPairingReply(
+                pairing_pb2.ClaimPairingReplyRequest(agent_id=agent_id, channel=channel, sender_id=sender_id)
             )
         except InvalidArgument as exc:
             # Permanent (say, a source name the service refuses as a channel): no point telling

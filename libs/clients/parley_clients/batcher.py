@@ -26,24 +26,21 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from parley.v1 import model_pb2
+from parley.v1.model_nats import ModelGatewayClient
+from parley_platform.bus import Bus
+from parley_platform.errors import ParleyError
+from parley_platform.logging import get_logger
+from parley_platform.rpc import RpcClient
 
-from .bus import Bus
-from .errors import FailedPrecondition, ParleyError
-from .logging import get_logger
-from .rpc import RpcClient
+from . import codes
 
 log = get_logger(__name__)
 
-SERVICE = "model"
 OnResult = Callable[[model_pb2.SectionResult], Awaitable[None] | None]
 
 
 def result_subject(namespace: str, agent_id: str, section_id: str) -> str:
     return f"{namespace}.model.batcher.result.{agent_id}.{section_id}"
-
-
-class BatcherDisposed(FailedPrecondition):
-    default_code = "BATCHER_DISPOSED"
 
 
 @dataclass(frozen=True)
@@ -69,10 +66,10 @@ def _fields(fields: Sequence[FieldSpec]) -> list[model_pb2.SchemaField]:
 class BatcherClient:
     def __init__(self, bus: Bus, agent_id: str, *, owner: str | None = None, timeout: float = 30.0) -> None:
         self.bus = bus
-        self.rpc = RpcClient(bus)
+        self.gateway = ModelGatewayClient(RpcClient(bus), timeout=timeout)
+        self.timeout = timeout
         self.agent_id = agent_id
         self.owner = owner or f"client-{secrets.token_hex(6)}"
-        self.timeout = timeout
         self._first: dict[str, asyncio.Future[model_pb2.SectionResult]] = {}
         self._callbacks: dict[str, OnResult] = {}
         # A result can arrive twice (published, and in the reply of a Drain this client asked for).
@@ -82,7 +79,7 @@ class BatcherClient:
 
     async def _ensure_subscribed(self) -> None:
         if self._disposed:
-            raise BatcherDisposed("this batcher client was disposed")
+            raise codes.BATCHER_DISPOSED("this batcher client was disposed")
         if self._sub is None:
             subject = result_subject(self.bus.subjects.ns, self.agent_id, "*")
             self._sub = await self.bus.subscribe(subject, self._on_result)
@@ -145,13 +142,7 @@ class BatcherClient:
     async def add_section(self, section: model_pb2.Section) -> bool:
         """Register a section; False when one with its id was already registered for the agent."""
         await self._ensure_subscribed()
-        reply = await self.rpc.call(
-            SERVICE,
-            "AddSection",
-            model_pb2.AddSectionRequest(section=section),
-            model_pb2.AddSectionResponse,
-            timeout=self.timeout,
-        )
+        reply = await self.gateway.AddSection(model_pb2.AddSectionRequest(section=section))
         return bool(reply.registered)
 
     async def _register(
@@ -177,13 +168,7 @@ class BatcherClient:
         return future
 
     async def drain(self, affinity: str) -> model_pb2.DrainResponse:
-        reply: model_pb2.DrainResponse = await self.rpc.call(
-            SERVICE,
-            "Drain",
-            model_pb2.DrainRequest(affinity=affinity),
-            model_pb2.DrainResponse,
-            timeout=self.timeout,
-        )
+        reply = await self.gateway.Drain(model_pb2.DrainRequest(affinity=affinity))
         for result in reply.results:
             if result.agent_id == self.agent_id:
                 self.deliver(result)
@@ -293,12 +278,8 @@ class BatcherClient:
         self._disposed = True
         disposed = 0
         try:
-            reply = await self.rpc.call(
-                SERVICE,
-                "DisposeSections",
-                model_pb2.DisposeSectionsRequest(agent_id=self.agent_id, owner=self.owner),
-                model_pb2.DisposeSectionsResponse,
-                timeout=self.timeout,
+            reply = await self.gateway.DisposeSections(
+                model_pb2.DisposeSectionsRequest(agent_id=self.agent_id, owner=self.owner)
             )
             disposed = reply.disposed
         finally:
@@ -309,7 +290,7 @@ class BatcherClient:
             for future in self._first.values():
                 if not future.done():
                     future.set_exception(
-                        BatcherDisposed("the batcher client was disposed before a result came")
+                        codes.BATCHER_DISPOSED("the batcher client was disposed before a result came")
                     )
             self._first.clear()
             self._callbacks.clear()
