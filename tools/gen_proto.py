@@ -12,7 +12,6 @@ from pathlib import Path
 
 import grpc_tools
 from google.protobuf import descriptor_pb2
-from google.protobuf.unknown_fields import UnknownFieldSet
 from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,10 +60,32 @@ def generate(out_dir: Path) -> list[Path]:
     return sorted(p for p in out_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
 
 
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at, shift = at + 1, shift + 7
+        if byte < 0x80:
+            return value, at
+
+
 def _nats_service(service: descriptor_pb2.ServiceDescriptorProto) -> str:
-    for field in UnknownFieldSet(service.options):
-        if field.field_number == NATS_SERVICE_OPTION:
-            return bytes(field.data).decode()
+    """The (parley.v1.nats_service) option, read from the options' wire bytes: whether this process
+    has the extension registered (it has once parley.v1.common_pb2 is imported) does not matter."""
+    data, at = service.options.SerializeToString(), 0
+    while at < len(data):
+        key, at = _varint(data, at)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            _, at = _varint(data, at)
+        elif wire == 2:
+            size, at = _varint(data, at)
+            if number == NATS_SERVICE_OPTION:
+                return data[at : at + size].decode()
+            at += size
+        else:
+            at += 8 if wire == 1 else 4
     raise SystemExit(f"service {service.name} has no (parley.v1.nats_service) option")
 
 

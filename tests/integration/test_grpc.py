@@ -116,7 +116,7 @@ class Served:
 async def serving(default_timeout: float = 60.0) -> AsyncIterator[Served]:
     impl = Gateway()
     token = secrets.token_urlsafe(24)
-    binding = grpc_binding(impl, model_pb2, model_pb2_grpc, "ModelGateway")
+    binding = grpc_binding(impl, model_pb2, "ModelGateway")
     server = await start_grpc_server(
         [binding], host="127.0.0.1", port=0, token=token, default_timeout=default_timeout
     )
@@ -286,7 +286,7 @@ async def test_one_implementation_serves_both_transports(bus: Bus, served: Serve
 async def test_port_in_use_is_refused() -> None:
     """gRPC's default SO_REUSEPORT would let a second server share the port silently."""
     async with serving() as first:
-        binding = grpc_binding(Gateway(), model_pb2, model_pb2_grpc, "ModelGateway")
+        binding = grpc_binding(Gateway(), model_pb2, "ModelGateway")
         with pytest.raises(ParleyError) as caught:
             await start_grpc_server([binding], host="127.0.0.1", port=first.server.port, token="t")
         assert caught.value.code == "PORT_IN_USE"
@@ -295,7 +295,7 @@ async def test_port_in_use_is_refused() -> None:
 @pytest.mark.parametrize("token", ["", "   "])
 async def test_empty_token_is_refused_at_start(token: str) -> None:
     """An empty token would admit anyone sending ``authorization: Bearer ``."""
-    binding = grpc_binding(Gateway(), model_pb2, model_pb2_grpc, "ModelGateway")
+    binding = grpc_binding(Gateway(), model_pb2, "ModelGateway")
     with pytest.raises(InvalidArgument) as caught:
         await start_grpc_server([binding], host="127.0.0.1", port=0, token=token)
     assert caught.value.code == "OPERATOR_TOKEN_EMPTY"

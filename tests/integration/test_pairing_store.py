@@ -499,7 +499,7 @@ async def test_bad_input_is_refused_before_any_storage_read(unreachable_api: Pai
     token = secrets.token_urlsafe(16)
     port = free_port()
     server = await start_grpc_server(
-        [grpc_binding(unreachable_api, pairing_pb2, pairing_pb2_grpc, "Pairing")],
+        [grpc_binding(unreachable_api, pairing_pb2, "Pairing")],
         host="127.0.0.1",
         port=port,
         token=token,

@@ -4,14 +4,13 @@ deadlines, and one mapping from Parley errors to gRPC status codes."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import hmac
-import inspect
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -78,27 +77,85 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-a
         return handler
 
 
-def _wrap_unary(
-    fn: Callable[..., Awaitable[Any]], name: str, default_timeout: float
-) -> Callable[..., Awaitable[Any]]:
-    @functools.wraps(fn)
-    async def method(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        remaining = context.time_remaining()
-        budget = default_timeout if remaining is None else min(remaining, default_timeout)
+@dataclass(frozen=True)
+class Method:
+    """One RPC of a service: the implementation and the message it takes."""
+
+    name: str
+    call: Callable[[Any], Any]  # async function, or async generator for server-streaming methods
+    request_type: type[Message]
+    streaming: bool = False
+
+
+@dataclass(frozen=True)
+class ServiceBinding:
+    full_name: str
+    methods: tuple[Method, ...]
+
+
+def _decode(method: Method, raw: bytes) -> Message:
+    """Requests arrive as bytes and are decoded here, so that bytes which are not the method's
+    message are INVALID_ARGUMENT naming the expected type (gRPC's own decoding answers UNKNOWN)."""
+    try:
+        return method.request_type.FromString(raw)
+    except (DecodeError, RuntimeWarning) as exc:
+        raise codes.INVALID_PAYLOAD(
+            f"{method.name}: the request is not a valid {method.request_type.DESCRIPTOR.full_name}"
+        ) from exc
+
+
+def _budget(context: grpc.aio.ServicerContext[Any, Any], default_timeout: float) -> float:
+    remaining = context.time_remaining()
+    return default_timeout if remaining is None else min(remaining, default_timeout)
+
+
+def _unary(method: Method, default_timeout: float) -> Handler:
+    async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        budget = _budget(context, default_timeout)
         try:
+            request = _decode(method, raw)
             async with asyncio.timeout(budget):
-                return await fn(request, context)
+                return await method.call(request)
         except ParleyError as exc:
             await _abort(context, exc)
         except TimeoutError:
-            await _abort(context, codes.DEADLINE_EXCEEDED(f"{name} did not finish within {budget:.1f}s"))
+            await _abort(
+                context, codes.DEADLINE_EXCEEDED(f"{method.name} did not finish within {budget:.1f}s")
+            )
         except grpc.aio.AbortError:
             raise
         except Exception:
-            log.exception("grpc handler crashed", method=name)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{name} failed unexpectedly; see the service log")
+            log.exception("grpc handler crashed", method=method.name)
+            await _abort(context, codes.INTERNAL(f"{method.name} failed unexpectedly"))
 
-    return method
+    return grpc.unary_unary_rpc_method_handler(handle, response_serializer=_serialize)
+
+
+def _stream(method: Method, default_timeout: float) -> Handler:
+    async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+        budget = _budget(context, default_timeout)
+        try:
+            request = _decode(method, raw)
+            async with asyncio.timeout(budget):
+                async for item in method.call(request):
+                    yield item
+        except ParleyError as exc:
+            await _abort(context, exc)
+        except TimeoutError:
+            await _abort(
+                context, codes.DEADLINE_EXCEEDED(f"{method.name} did not finish within {budget:.1f}s")
+            )
+        except grpc.aio.AbortError:
+            raise
+        except Exception:
+            log.exception("grpc handler crashed", method=method.name)
+            await _abort(context, codes.INTERNAL(f"{method.name} failed unexpectedly"))
+
+    return grpc.unary_stream_rpc_method_handler(handle, response_serializer=_serialize)
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: ParleyError) -> None:
@@ -107,25 +164,11 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: ParleyError) 
     await context.abort(exc.grpc_status, f"{exc.code}: {message}")
 
 
-def with_error_mapping(servicer: Any, base: type, *, default_timeout: float = 60.0) -> Any:
-    """Wrap each RPC of ``servicer`` (declared on the generated ``base``) so that
-    Parley errors become the mapped gRPC status and every call has a deadline."""
-    for name, _ in inspect.getmembers(base, inspect.isfunction):
-        if name.startswith("_"):
-            continue
-        impl = getattr(servicer, name)
-        if inspect.isasyncgenfunction(impl):
-            continue
-        setattr(servicer, name, _wrap_unary(impl, name, default_timeout))
-    return servicer
-
-
-@dataclass
-class ServiceBinding:
-    servicer: Any
-    add_to_server: Callable[[Any, grpc.aio.Server], None]
-    full_name: str
-    base: type
+def _handlers(binding: ServiceBinding, default_timeout: float) -> Handler:
+    return grpc.method_handlers_generic_handler(
+        binding.full_name,
+        {m.name: (_stream if m.streaming else _unary)(m, default_timeout) for m in binding.methods},
+    )
 
 
 class GrpcServer:
@@ -149,9 +192,7 @@ async def start_grpc_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     bindings = list(bindings)
     for binding in bindings:
-        binding.add_to_server(
-            with_error_mapping(binding.servicer, binding.base, default_timeout=default_timeout), server
-        )
+        server.add_generic_rpc_handlers([_handlers(binding, default_timeout)])
         names.append(binding.full_name)
     reflection.enable_server_reflection(names, server)
     try:

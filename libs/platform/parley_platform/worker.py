@@ -49,6 +49,7 @@ from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from parley.v1 import scheduler_pb2
+from parley.v1.scheduler_nats import SchedulerClient
 
 from . import codes
 from .bus import Bus, Subjects
@@ -243,15 +244,11 @@ class WorkerHost:
         """Tell the scheduler these workers exist, so orphaned tasks resume at once.
 
         Best effort: the scheduler also finds workers by probing their subjects."""
-        client = RpcClient(self.bus)
+        scheduler = SchedulerClient(RpcClient(self.bus), timeout=self.announce_timeout)
         for name in self.workers:
             try:
-                await client.call(
-                    "scheduler",
-                    "RegisterWorker",
-                    scheduler_pb2.RegisterWorkerRequest(name=name, service=self.service),
-                    scheduler_pb2.RegisterWorkerResponse,
-                    timeout=self.announce_timeout,
+                await scheduler.RegisterWorker(
+                    scheduler_pb2.RegisterWorkerRequest(name=name, service=self.service)
                 )
             except ParleyError as exc:
                 log.info("scheduler not told about worker", worker=name, error=exc.code)

@@ -2,17 +2,11 @@
 
 import sys
 
-from parley_platform.lifecycle import App, run_app
-from parley_platform.settings import Settings
+from parley_platform.lifecycle import run_app
 
-from .app import GatewayApp
+from .app import SPEC, create
 from .config import GatewaySettings
 
-
-def _make() -> tuple[App, Settings]:
-    settings = GatewaySettings()
-    return GatewayApp(settings), settings
-
-
 if __name__ == "__main__":
-    sys.exit(run_app("model-gateway", _make))
+    settings = GatewaySettings()
+    sys.exit(run_app(SPEC.name, lambda: (create(settings), settings)))

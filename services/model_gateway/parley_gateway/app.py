@@ -1,26 +1,17 @@
-"""Wiring of the model gateway: start in order, stop in reverse."""
+"""The model gateway: providers behind protection (limits, circuit breakers, retries, budgets), the
+usage ledger, the prompt batcher and its drains, served over gRPC and NATS."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
-from functools import partial
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
-import grpc
-from prometheus_client import CollectorRegistry
-
-from parley.v1 import model_pb2, model_pb2_grpc
-from parley_platform.bus import Bus
-from parley_platform.errors import DeadlineExceeded, InvalidArgument, ParleyError
-from parley_platform.grpcserver import ERROR_METADATA_KEY, GrpcServer, ServiceBinding, start_grpc_server
-from parley_platform.lifecycle import shutdown_in_order
-from parley_platform.logging import get_logger
-from parley_platform.metrics import MessagingMetrics, MetricsServer, serve
-from parley_platform.postgres import Database, migrate
-from parley_platform.rpc import RpcClient, RpcServer
-from parley_platform.service import grpc_binding, register_nats
+from parley.v1 import model_pb2
+from parley_platform.host import ServiceHost, ServiceSpec
 from parley_platform.worker import WorkerHost
 
 from .api import MODEL_TYPES, GatewayApi
@@ -35,10 +26,6 @@ from .provider import Embedder, Provider
 from .remote import AnthropicProvider, ModelNames, OpenAIEmbedder, OpenAIProvider
 from .scripted import ScriptedEmbedder, ScriptedProvider, load_rules
 from .store import MIGRATIONS_DIR, SCHEMA, GatewayStore
-
-log = get_logger(__name__)
-
-SERVICE = "model"
 
 
 def _secret(value: Any) -> str:
@@ -92,97 +79,58 @@ def build_providers(settings: GatewaySettings) -> tuple[dict[str, Provider], Emb
     return {model_type: made[name] for model_type, name in wanted.items()}, embedder
 
 
-def _stream_binding(api: GatewayApi, binding: ServiceBinding) -> ServiceBinding:
-    """GenerateStream as an async generator with the same error mapping as the unary calls."""
+@dataclass
+class _Started:
+    """A part with a synchronous start and an asynchronous stop, as a host component."""
 
-    async def generate_stream(
-        request: Any, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[Any]:
-        remaining = context.time_remaining()
-        try:
-            stream = api.GenerateStream(request)
-            if remaining is None:
-                async for chunk in stream:
-                    yield chunk
-            else:
-                import asyncio
-
-                async with asyncio.timeout(remaining):
-                    async for chunk in stream:
-                        yield chunk
-        except ParleyError as exc:
-            await _abort(context, exc)
-        except TimeoutError:
-            await _abort(
-                context, DeadlineExceeded("GenerateStream did not finish within the caller's deadline")
-            )
-
-    binding.servicer.GenerateStream = generate_stream
-    return binding
-
-
-async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: ParleyError) -> None:
-    context.set_trailing_metadata(((ERROR_METADATA_KEY, exc.to_proto().SerializeToString()),))
-    message = exc.message + (f" (hint: {exc.hint})" if exc.hint else "")
-    await context.abort(exc.grpc_status, f"{exc.code}: {message}")
-
-
-class GatewayApp:
-    def __init__(self, settings: GatewaySettings, environ: dict[str, str] | None = None) -> None:
-        self.settings = settings
-        self.environ = dict(os.environ if environ is None else environ)
-        self.registry = CollectorRegistry()
-        self.grpc: GrpcServer | None = None
-        self.metrics_server: MetricsServer | None = None
-        self.bus: Bus | None = None
-        self.rpc_server: RpcServer | None = None
-        self.db: Database | None = None
-        self.ledger: Ledger | None = None
-        self.timer: DrainTimer | None = None
-        self.drain_workers: WorkerHost | None = None
-        self.providers: list[Provider] = []
-        self.embedder: Embedder | None = None
-        self.budget_sub: Any = None
+    start_now: Callable[[], None]
+    stop_now: Callable[[], Awaitable[None]]
 
     async def start(self) -> None:
-        s = self.settings
-        if s.operator_token is None:
-            raise InvalidArgument(
-                "PARLEY_OPERATOR_TOKEN is not set",
-                code="OPERATOR_TOKEN_REQUIRED",
-                hint="`parley run` sets one for you; otherwise choose a long random string",
-            )
-        batcher_config = load_config(self.environ)
+        self.start_now()
+
+    async def stop(self, timeout: float) -> None:
+        await self.stop_now()
+
+
+SPEC = ServiceSpec(
+    "model-gateway",
+    grpc_port="gateway_grpc_port",
+    metrics_port="gateway_metrics_port",
+    schema=SCHEMA,
+    migrations=MIGRATIONS_DIR,
+)
+
+
+def protect(settings: GatewaySettings, provider: Provider) -> Protected:
+    """The local model runs one call at a time (one llama.cpp context); HTTP providers share the
+    setting; the scripted model has its own, high limit."""
+    limit = settings.provider_concurrency
+    if isinstance(provider, LocalProvider):
+        limit = 1
+    elif isinstance(provider, ScriptedProvider):
+        limit = settings.scripted_concurrency
+    return Protected(
+        provider,
+        Limiter(provider.name, limit, settings.provider_queue_limit),
+        CircuitBreaker(provider.name, settings.circuit_failure_threshold, settings.circuit_reset_seconds),
+    )
+
+
+def setup_with(environ: dict[str, str]) -> Callable[[ServiceHost[GatewaySettings]], Awaitable[None]]:
+    async def setup(host: ServiceHost[GatewaySettings]) -> None:
+        s = host.settings
+        batcher_config = load_config(environ)
         routes, embedder = build_providers(s)
-        self.providers = list({id(p): p for p in routes.values()}.values())
-        self.embedder = embedder
+        providers = list({id(p): p for p in routes.values()}.values())
         if s.local_preload:
-            for thing in [*self.providers, embedder]:
+            for thing in [*providers, embedder]:
                 if isinstance(thing, LocalProvider | LocalEmbedder):
                     thing.load()
-
-        await migrate(s.database_url, SCHEMA, MIGRATIONS_DIR)
-        self.db = Database(
-            s.database_url, name="model-gateway", min_size=s.db_pool_min, max_size=s.db_pool_max
-        )
-        await self.db.open()
-        store = GatewayStore(self.db)
-        metrics = GatewayMetrics(self.registry)
-        protected: dict[int, Protected] = {}
-        for provider in self.providers:
-            # The local model runs one call at a time (one llama.cpp context); HTTP providers share
-            # the setting; the scripted model has its own, high limit.
-            limit = s.provider_concurrency
-            if isinstance(provider, LocalProvider):
-                limit = 1
-            elif isinstance(provider, ScriptedProvider):
-                limit = s.scripted_concurrency
-            protected[id(provider)] = Protected(
-                provider,
-                Limiter(provider.name, limit, s.provider_queue_limit),
-                CircuitBreaker(provider.name, s.circuit_failure_threshold, s.circuit_reset_seconds),
-            )
-        self.ledger = Ledger(store, s.ledger_flush_ms / 1000)
+        store = GatewayStore(host.db)
+        metrics = GatewayMetrics(host.registry)
+        protected = {id(p): protect(s, p) for p in providers}
+        ledger = Ledger(store, s.ledger_flush_ms / 1000)
         budgets = Budgets(
             store,
             default_tokens=s.budget_default_tokens,
@@ -193,88 +141,60 @@ class GatewayApp:
             routes={model_type: protected[id(p)] for model_type, p in routes.items()},
             embedder=embedder,
             budgets=budgets,
-            ledger=self.ledger,
+            ledger=ledger,
             metrics=metrics,
             retry=RetryPolicy(s.retry_attempts, s.retry_base_delay_ms / 1000, s.retry_max_delay_ms / 1000),
             provider_timeout=s.provider_timeout_seconds,
             default_max_tokens=s.default_max_tokens,
         )
-        self.ledger.start()
-
-        self.bus = await Bus.connect(s.nats_url, name="model-gateway", namespace=s.namespace)
-        budget_subject = f"{self.bus.subjects.ns}.model.budget.changed"
+        ledger.start()
+        bus = host.bus
+        budget_subject = f"{bus.subjects.ns}.model.budget.changed"
 
         async def on_budget_changed(msg: Any) -> None:
             budgets.forget(msg.data.decode(errors="replace"))
 
         async def budget_changed(agent_id: str) -> None:
             budgets.forget(agent_id)
-            assert self.bus is not None
-            await self.bus.publish_core(budget_subject, agent_id.encode())
+            await bus.publish_core(budget_subject, agent_id.encode())
 
-        self.budget_sub = await self.bus.subscribe(budget_subject, on_budget_changed)
+        await bus.subscribe(budget_subject, on_budget_changed)
         batcher = Batcher(
             store=store,
             engine=engine,
-            bus=self.bus,
+            bus=bus,
             config=batcher_config,
             metrics=metrics,
             holder=f"gateway-{secrets.token_hex(4)}",
             lease_seconds=s.batcher_drain_lease_seconds,
         )
-        drains = None if s.batcher_self_drain else ScheduledDrains(batcher, RpcClient(self.bus))
-        self.api = GatewayApi(
+        drains = None if s.batcher_self_drain else ScheduledDrains(batcher, host.rpc)
+        api = GatewayApi(
             engine, batcher, budget_changed=budget_changed, section_added=drains.on_added if drains else None
         )
-        self.rpc_server = RpcServer(self.bus, SERVICE, metrics=MessagingMetrics(self.registry))
-        register_nats(self.rpc_server, self.api, model_pb2, "ModelGateway")
-        await self.rpc_server.start()
-        self.grpc = await start_grpc_server(
-            [_stream_binding(self.api, grpc_binding(self.api, model_pb2, model_pb2_grpc, "ModelGateway"))],
-            host=s.grpc_host,
-            port=s.gateway_grpc_port,
-            token=s.operator_token.get_secret_value(),
-            default_timeout=max(60.0, s.provider_timeout_seconds * s.retry_attempts),
-        )
+        host.serve(api, model_pb2, "ModelGateway")
         if drains is not None:
-            self.drain_workers = WorkerHost(
-                self.bus, service=SERVICE, workers=drains.workers(), registry=self.registry
+            host.component(
+                "drain worker",
+                WorkerHost(bus, service=SPEC.name, workers=drains.workers(), registry=host.registry),
             )
-            await self.drain_workers.start()
         else:
-            self.timer = DrainTimer(batcher, s.batcher_tick_ms / 1000)
-            self.timer.start()
-        self.metrics_server = serve(
-            self.registry, s.metrics_host, s.gateway_metrics_port, port_setting="PARLEY_GATEWAY_METRICS_PORT"
-        )
-        log.info(
-            "model gateway ready",
-            grpc_port=self.grpc.port,
-            metrics_port=self.metrics_server.port,
+            timer = DrainTimer(batcher, s.batcher_tick_ms / 1000)
+            host.component("drain timer", _Started(timer.start, timer.stop))
+        host.on_stop("usage ledger", ledger.stop)
+        for provider in providers:
+            host.on_stop(f"provider {provider.name}", provider.close)
+        host.on_stop("embedder", embedder.close)
+        host.ready_fields.update(
             providers=",".join(sorted({f"{t}={p.name}" for t, p in routes.items()})),
             embeddings=f"{embedder.name}/{embedder.model}/{embedder.dimension}",
         )
 
-    async def stop(self) -> None:
-        steps: list[tuple[str, Callable[[], Awaitable[object]]]] = []
-        if self.timer:
-            steps.append(("drain timer", self.timer.stop))
-        if self.drain_workers:
-            steps.append(("drain worker", partial(self.drain_workers.stop, 5)))
-        if self.rpc_server:
-            steps.append(("rpc", partial(self.rpc_server.stop, 5)))
-        if self.grpc:
-            steps.append(("grpc", partial(self.grpc.stop, 2)))
-        if self.ledger:
-            steps.append(("usage ledger", self.ledger.stop))
-        if self.bus:
-            steps.append(("nats", self.bus.close))
-        for provider in self.providers:
-            steps.append((f"provider {provider.name}", provider.close))
-        if self.embedder:
-            steps.append(("embedder", self.embedder.close))
-        if self.db:
-            steps.append(("database", self.db.close))
-        await shutdown_in_order(steps, timeout=self.settings.shutdown_timeout_seconds)
-        if self.metrics_server:
-            self.metrics_server.stop()
+    return setup
+
+
+def create(settings: GatewaySettings, environ: dict[str, str] | None = None) -> ServiceHost[GatewaySettings]:
+    spec = dataclasses.replace(
+        SPEC, grpc_timeout=max(60.0, settings.provider_timeout_seconds * settings.retry_attempts)
+    )
+    return ServiceHost(spec, settings, setup_with(dict(os.environ if environ is None else environ)))

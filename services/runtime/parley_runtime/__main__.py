@@ -2,17 +2,10 @@
 
 import sys
 
-from parley_platform.lifecycle import App, run_app
-from parley_platform.settings import Settings
+from parley_platform.host import run_service
 
-from .app import RuntimeApp
+from .app import SPEC, setup
 from .config import RuntimeSettings
 
-
-def _make() -> tuple[App, Settings]:
-    settings = RuntimeSettings()
-    return RuntimeApp(settings), settings
-
-
 if __name__ == "__main__":
-    sys.exit(run_app("runtime", _make))
+    sys.exit(run_service(SPEC, RuntimeSettings(), setup))

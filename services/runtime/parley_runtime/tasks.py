@@ -8,14 +8,13 @@ gateway outage leaves gaps that memory search would otherwise never see).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 
 from parley.v1 import scheduler_pb2
+from parley.v1.scheduler_nats import SchedulerClient
 from parley_platform.errors import Conflict, ParleyError
 from parley_platform.logging import get_logger
-from parley_platform.rpc import RpcClient
 from parley_platform.worker import Lease, Task, TaskResult, Workers
 
 from .store import RuntimeStore
@@ -55,7 +54,7 @@ def runtime_workers(
 
 
 async def ensure_tasks(
-    rpc: RpcClient, agent_ids: Sequence[uuid.UUID], *, retry_seconds: float = 10.0
+    scheduler: SchedulerClient, agent_ids: Sequence[uuid.UUID], *, retry_seconds: float = 10.0
 ) -> None:
     """Create each agent's backfill task once; keep trying while the scheduler is not up yet."""
     pending = list(agent_ids)
@@ -72,13 +71,7 @@ async def ensure_tasks(
             ),
         )
         try:
-            await rpc.call(
-                "scheduler",
-                "CreateTask",
-                scheduler_pb2.CreateTaskRequest(task=spec),
-                scheduler_pb2.CreateTaskResponse,
-                timeout=5,
-            )
+            await scheduler.CreateTask(scheduler_pb2.CreateTaskRequest(task=spec))
         except Conflict:
             pass  # another replica, or an earlier start, created it
         except ParleyError as exc:
@@ -88,16 +81,3 @@ async def ensure_tasks(
             await asyncio.sleep(retry_seconds)
             continue
         pending.pop(0)
-
-
-def spawn_ensure_tasks(rpc: RpcClient, agent_ids: Sequence[uuid.UUID]) -> asyncio.Task[None]:
-    task = asyncio.create_task(ensure_tasks(rpc, agent_ids), name="ensure-runtime-tasks")
-    task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
-    return task
-
-
-async def cancel(task: asyncio.Task[None] | None) -> None:
-    if task is not None and not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

@@ -256,12 +256,14 @@ class Engine:
         config: EngineConfig,
         metrics: SchedulerMetrics,
         database_url: str,
+        claim_loop: bool = True,
     ) -> None:
         self.store = store
         self.bus = bus
         self.config = config
         self.metrics = metrics
         self.database_url = database_url
+        self.claim_loop = claim_loop  # False in serverless mode: RunDueTasks claims instead
         self.completer = Completer(store)
         self.inflight: dict[int, Inflight] = {}  # by lease token: runs of one task may overlap
         self.heartbeat_subject = f"{bus.subjects.ns}.scheduler.heartbeat.{secrets.token_hex(8)}"
@@ -277,7 +279,8 @@ class Engine:
 
     # --- life cycle -------------------------------------------------------------------------
 
-    async def start(self, *, claim_loop: bool) -> None:
+    async def start(self) -> None:
+        claim_loop = self.claim_loop
         self.started = time.monotonic()
         self.completer.start()
         self._heartbeat_sub = await self.bus.subscribe(self.heartbeat_subject, self._on_heartbeat)

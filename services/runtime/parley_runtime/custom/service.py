@@ -4,13 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from parley.v1 import actions_pb2, actions_pb2_grpc
 from parley_platform.consumer import Delivery
-from parley_platform.grpcserver import ServiceBinding
 from parley_platform.logging import get_logger
 from parley_platform.postgres import Database
-from parley_platform.rpc import RpcServer
-from parley_platform.service import grpc_binding, register_nats
 
 from ..agents import AgentDirectory
 from ..config import RuntimeSettings
@@ -19,8 +15,6 @@ from .registry import CustomActionRegistry, CustomActionSettings, Executor, load
 from .store import CustomActionStore
 
 log = get_logger(__name__)
-
-SERVICE = "CustomActions"
 
 
 class CustomActionsService:
@@ -49,12 +43,6 @@ class CustomActionsService:
             code=settings.custom_actions_code,
         )
         return cls(CustomActionRegistry(CustomActionStore(db), directory, executor, config))
-
-    def register_nats(self, server: RpcServer) -> None:
-        register_nats(server, self.api, actions_pb2, SERVICE)
-
-    def grpc_binding(self) -> ServiceBinding:
-        return grpc_binding(self.api, actions_pb2, actions_pb2_grpc, SERVICE)
 
     def before_turns(
         self, handle: Callable[[Delivery], Awaitable[None]]
