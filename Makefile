@@ -44,8 +44,9 @@ bench: install  ## benchmarks (not timed tests); each prints a JSON line last
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[bench]'
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-gen: install  ## regenerate the protobuf code under libs/proto
+gen: install  ## regenerate the protobuf code under libs/proto and docs/errors.md
 	$(BIN)/python tools/gen_proto.py
+	$(BIN)/python tools/gen_errors.py
 
 fmt: install
 	$(BIN)/ruff check --fix .

@@ -8,8 +8,8 @@ from pydantic import ValidationError
 
 from parley.v1 import common_pb2
 from parley_platform import errors
-from parley_platform.consumer import backoff_delay
 from parley_platform.paging import Page, cut, page_of
+from parley_platform.retry import Backoff
 from parley_platform.settings import Settings
 
 
@@ -78,7 +78,7 @@ def test_cut_reports_the_next_page_only_when_there_is_one() -> None:
 
 
 def test_backoff_grows_and_is_capped() -> None:
-    delays = [backoff_delay(n, base=0.5, cap=30) for n in range(1, 10)]
+    delays = [Backoff(base=0.5, cap=30).delay(n) for n in range(1, 10)]
     assert delays[:4] == [0.5, 1.0, 2.0, 4.0]
     assert delays[-1] == 30
     assert delays == sorted(delays)

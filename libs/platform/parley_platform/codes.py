@@ -15,6 +15,7 @@ INVALID_PAYLOAD = define(
     "The request bytes do not decode as the method's request message.",
     hint="send the protobuf request message the method declares",
 )
+INVALID_ID = define("INVALID_ID", Kind.INVALID_ARGUMENT, "An id field is not a UUID.")
 INVALID_PAGE = define(
     "INVALID_PAGE",
     Kind.INVALID_ARGUMENT,

@@ -39,6 +39,7 @@ from .bus import MSG_ID, Bus, ConsumerSpec, standard_streams, translate_nats_err
 from .errors import Kind, ParleyError
 from .logging import get_logger
 from .metrics import MessagingMetrics
+from .retry import Backoff
 
 log = get_logger(__name__)
 
@@ -104,10 +105,6 @@ def is_permanent(exc: BaseException) -> bool:
     return isinstance(exc, ParleyError) and not exc.retryable and exc.kind in PERMANENT_KINDS
 
 
-def backoff_delay(num_delivered: int, base: float = 0.5, cap: float = 30.0) -> float:
-    return float(min(cap, base * 2 ** max(0, num_delivered - 1)))
-
-
 class PullConsumer:
     def __init__(
         self,
@@ -133,8 +130,7 @@ class PullConsumer:
         self.concurrency = concurrency
         self.batch = batch
         self.metrics = metrics
-        self.backoff_base = backoff_base
-        self.backoff_cap = backoff_cap
+        self.backoff = Backoff(backoff_base, backoff_cap)
         self.fetch_timeout = fetch_timeout
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -259,7 +255,7 @@ class PullConsumer:
                 )
             else:
                 outcome = "nak"
-                delay = backoff_delay(delivery.num_delivered, self.backoff_base, self.backoff_cap)
+                delay = self.backoff.delay(delivery.num_delivered)
                 if isinstance(exc, ParleyError):
                     log.warning(
                         "handler failed, will retry",
@@ -353,7 +349,7 @@ class PullConsumer:
                 )
                 if hold is not None:
                     await hold()
-                await asyncio.sleep(backoff_delay(attempt, self.backoff_base, self.backoff_cap))
+                await asyncio.sleep(self.backoff.delay(attempt))
         log.warning("message dead-lettered", subject=subject, reason=reason[:200])
         if self.metrics:
             self.metrics.dead.labels(self._label, label).inc()

@@ -44,7 +44,6 @@ from typing import Any
 import nats.errors
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
-from google.protobuf.timestamp_pb2 import Timestamp
 from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -53,6 +52,7 @@ from parley.v1.scheduler_nats import SchedulerClient
 
 from . import codes
 from .bus import Bus, Subjects
+from .convert import datetime_of
 from .errors import ParleyError
 from .logging import get_logger
 from .metrics import LATENCY_BUCKETS
@@ -68,12 +68,6 @@ MAX_ERROR_CHARS = 2000
 def run_subject(subjects: Subjects, name: str) -> str:
     """The subject a worker name is served on: ``<ns>.tasks.run.<name>``."""
     return f"{subjects.ns}.tasks.run.{name}"
-
-
-def _when(ts: Timestamp) -> datetime | None:
-    if ts.seconds == 0 and ts.nanos == 0:
-        return None
-    return ts.ToDatetime(tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -112,8 +106,8 @@ class Task:
             world_id=task.world_id or None,
             entity_id=task.entity_id or None,
             values=json_format.MessageToDict(meta.values) if meta.HasField("values") else {},
-            due_at=_when(task.due_at),
-            last_run_at=_when(task.last_run_at),
+            due_at=datetime_of(task.due_at),
+            last_run_at=datetime_of(task.last_run_at),
             failure_count=task.failure_count,
             update_interval_ms=meta.update_interval_ms if meta.HasField("update_interval_ms") else None,
             proto=task,
@@ -286,8 +280,8 @@ class WorkerHost:
             token=request.lease.token,
             owner=request.lease.owner,
             attempt=request.lease.attempt,
-            expires_at=_when(request.lease.expires_at),
-            deadline=_when(request.lease.deadline),
+            expires_at=datetime_of(request.lease.expires_at),
+            deadline=datetime_of(request.lease.deadline),
         )
         me = asyncio.current_task()
         assert me is not None
