@@ -25,9 +25,9 @@ import httpx
 from _common import ROOT, Series, bench_env, report
 
 from parley_platform.postgres import Database, migrate
+from parley_runtime.agents.custom_store import CustomActionStore
 from parley_runtime.custom.definitions import parse_definition
-from parley_runtime.custom.registry import CustomActionSettings, Executor
-from parley_runtime.custom.store import CustomActionStore
+from parley_runtime.custom.executor import CustomActionSettings, Executor
 from parley_runtime.store import MIGRATIONS_DIR, SCHEMA
 
 sys.path.insert(0, str(ROOT / "tests"))

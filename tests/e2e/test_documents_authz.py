@@ -33,7 +33,7 @@ from parley_platform.errors import Conflict, InvalidArgument, NotFound, Permissi
 from parley_platform.rpc import RpcClient
 from parley_platform.testing import eventually
 from parley_runtime import ids
-from parley_runtime.documents import PLAIN, chunk
+from parley_runtime.documents.domain import PLAIN, chunk
 from parley_runtime.store import Q
 from support import SessionEnv, Suite, inbound, publish_inbound, replies_to
 

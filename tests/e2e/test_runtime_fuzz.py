@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 from parley.v1 import runtime_pb2
 from parley_platform.consumer import DEAD_DELIVERIES, DEAD_REASON, DEAD_SEQUENCE, Poison
 from parley_platform.testing import eventually
-from parley_runtime.agents import AgentInfo
+from parley_runtime.agents.directory import AgentInfo
 from parley_runtime.character import Character
-from parley_runtime.turn import SOURCE_PATTERN, decode_inbound
+from parley_runtime.turn.inbound import SOURCE_PATTERN, decode_inbound
 from support import DEFAULT_AGENT_ID, Suite, inbound, inbound_settled, replies_to, stream_messages
 
 MAX_TEXT_BYTES = 64 * 1024  # the runtime's default PARLEY_MAX_TEXT_BYTES

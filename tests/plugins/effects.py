@@ -19,8 +19,7 @@ from typing import Any
 
 import psycopg
 
-from parley_runtime.context import TurnContext
-from parley_runtime.plugin import Action, ActionResult, Callback, Parameter, Plugin
+from parley_runtime.sdk import Action, ActionResult, Callback, Parameter, Plugin, Tag, TurnContext
 
 DSN_SETTING = "EFFECT_LOG_DSN"
 # Milliseconds the effect takes, half before the row is written and half after: a wider window
@@ -61,14 +60,15 @@ effects_plugin = Plugin(
             "Record that the user asked for something to be recorded (an effect that must happen once).",
             _record_effect,
             similes=("RECORD",),
-            tags=frozenset({"capability:test"}),
+            capabilities=frozenset({"test"}),
         ),
         # The same effect, behind a person's confirmation (tests/e2e/test_confirmations.py).
         Action(
             "LAUNCH_ROCKET",
             "Launch the rocket: it cannot be undone, so a person confirms it first.",
             _record_effect,
-            tags=frozenset({"confirm", "capability:test"}),
+            tags=frozenset({Tag.CONFIRM}),
+            capabilities=frozenset({"test"}),
             parameters=(Parameter("target", "where to", schema={"type": "string"}),),
         ),
     ),

@@ -8,8 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from parley_runtime.context import TurnContext
-from parley_runtime.plugin import (
+from parley_runtime.sdk import (
     Action,
     ActionResult,
     Callback,
@@ -18,6 +17,8 @@ from parley_runtime.plugin import (
     Plugin,
     Provider,
     ProviderResult,
+    Tag,
+    TurnContext,
 )
 
 
@@ -68,22 +69,22 @@ fixtures_plugin = Plugin(
             "only for autonomous turns",
             _private,
             private=True,
-            tags=frozenset({"effect:idempotent"}),
+            tags=frozenset({Tag.IDEMPOTENT}),
         ),
         Action(
             "ADMIN_OP",
             "only for admins",
             _admin,
             roles=frozenset({"OWNER", "ADMIN"}),
-            tags=frozenset({"effect:idempotent"}),
+            tags=frozenset({Tag.IDEMPOTENT}),
         ),
-        Action("FLAKY_OP", "always raises", _flaky, tags=frozenset({"effect:idempotent"})),
+        Action("FLAKY_OP", "always raises", _flaky, tags=frozenset({Tag.IDEMPOTENT})),
         Action("SLOW_EFFECT", "a non-idempotent effect that takes a while", _slow_effect),
         Action(
             "FORECAST",
             "the weather forecast for a city",
             _forecast,
-            tags=frozenset({"effect:idempotent"}),
+            tags=frozenset({Tag.IDEMPOTENT}),
             parameters=(
                 Parameter("city", "the city", required=True, schema={"type": "string", "minLength": 2}),
             ),

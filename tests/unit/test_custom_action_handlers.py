@@ -11,11 +11,13 @@ import pytest
 from http_server import local_http_server
 
 from parley_platform.errors import InvalidArgument
-from parley_runtime.actions import Catalog, coerce_params, describe, missing_required, schema_errors
+from parley_runtime.agents.custom_actions import to_action, try_definition
 from parley_runtime.character import parse_character
 from parley_runtime.custom.definitions import parse_definition, parse_definitions
-from parley_runtime.custom.registry import CustomActionSettings, Executor, to_action
-from parley_runtime.plugin import Plugin
+from parley_runtime.custom.executor import CustomActionSettings, Executor
+from parley_runtime.plugins.arguments import coerce_params, missing_required, schema_errors
+from parley_runtime.plugins.catalog import Catalog, describe
+from parley_runtime.sdk import Plugin
 
 SECRET = "sk-live-abcdef123456"
 
@@ -222,14 +224,14 @@ def test_a_definition_becomes_an_action_with_validated_parameters() -> None:
     assert schema_errors(action, coerce_params(action, {"name": "x", "count": "0"})) == [
         "count: 0 is less than the minimum of 1"
     ]
-    assert "capability:code" in action.tags
+    assert "code" in action.capabilities
     assert not action.idempotent
 
 
 async def test_test_checks_parameters_before_running() -> None:
     d = parse_definition(definition({"type": "code", "code": "print('ran')"}))
-    assert (await ENABLED.test(d, {})).output == "missing: [name]"
-    result = await ENABLED.test(d, {"name": "x"})
+    assert (await try_definition(ENABLED, d, {})).output == "missing: [name]"
+    result = await try_definition(ENABLED, d, {"name": "x"})
     assert (result.ok, result.output) == (True, "ran\n")
 
 
@@ -238,7 +240,7 @@ async def test_test_checks_parameters_before_running() -> None:
 
 async def test_shell_is_off_unless_enabled() -> None:
     d = parse_definition(definition({"type": "shell", "command": "echo {{name}}"}))
-    result = await DISABLED.test(d, {"name": "x"})
+    result = await try_definition(DISABLED, d, {"name": "x"})
     assert not result.ok
     assert "shell actions are disabled" in result.output
     assert "PARLEY_CUSTOM_ACTIONS_SHELL=true" in result.output
@@ -247,17 +249,17 @@ async def test_shell_is_off_unless_enabled() -> None:
 async def test_shell_without_shell_syntax_passes_values_as_one_argument() -> None:
     d = parse_definition(definition({"type": "shell", "command": "printf '%s|' {{name}} 'x {{name}}'"}))
     value = "a b; touch /tmp/pwned $(id) `id` '\""
-    result = await ENABLED.test(d, {"name": value})
+    result = await try_definition(ENABLED, d, {"name": value})
     assert (result.ok, result.output) == (True, f"{value}|x {value}|")
 
 
 async def test_shell_syntax_runs_under_sh_with_quoted_values() -> None:
     d = parse_definition(definition({"type": "shell", "command": "printf %s {{name}} | tr a-z A-Z"}))
-    result = await ENABLED.test(d, {"name": "x; echo pwned $(id)"})
+    result = await try_definition(ENABLED, d, {"name": "x; echo pwned $(id)"})
     assert (result.ok, result.output) == (True, "X; ECHO PWNED $(ID)")
     glued = parse_definition(definition({"type": "shell", "command": 'X={{name}} && printf %s "$X" | cat'}))
     value = "'; id; echo '\\"
-    result = await ENABLED.test(glued, {"name": value})
+    result = await try_definition(ENABLED, glued, {"name": value})
     assert (result.ok, result.output) == (True, value)
 
 
@@ -276,7 +278,7 @@ async def test_shell_values_are_positional_parameters_never_script(command: str,
     assignment it is expanded once, as data."""
     d = parse_definition(definition({"type": "shell", "command": command}))
     for value in ("$(echo INJECTED)", "`echo INJECTED`", "'; echo INJECTED; '", "${HOME:-INJECTED}", "-n *"):
-        result = await ENABLED.test(d, {"name": value})
+        result = await try_definition(ENABLED, d, {"name": value})
         assert (result.ok, result.output) == (True, expected.format(v=value)), value
 
 
@@ -289,7 +291,7 @@ async def test_shell_argv_puts_values_after_the_script() -> None:
 
 async def test_shell_values_that_cannot_be_arguments_are_a_clear_failure() -> None:
     d = parse_definition(definition({"type": "shell", "command": "printf %s {{name}}"}))
-    result = await ENABLED.test(d, {"name": "a\ud800b"})
+    result = await try_definition(ENABLED, d, {"name": "a\ud800b"})
     assert (result.ok, result.output) == (
         False,
         "a value cannot be passed to the command: it is not valid text",
@@ -300,7 +302,7 @@ async def test_shell_environment_is_empty() -> None:
     os.environ["PARLEY_TEST_MARKER"] = SECRET
     try:
         d = parse_definition(definition({"type": "shell", "command": "env"}, parameters=[]))
-        result = await ENABLED.test(d, {})
+        result = await try_definition(ENABLED, d, {})
     finally:
         del os.environ["PARLEY_TEST_MARKER"]
     assert (result.ok, result.output) == (True, "")
@@ -310,11 +312,11 @@ async def test_shell_timeout_and_output_cap() -> None:
     slow = parse_definition(
         definition({"type": "shell", "command": "sleep 10", "timeoutSeconds": 0.5}, parameters=[])
     )
-    result = await ENABLED.test(slow, {})
+    result = await try_definition(ENABLED, slow, {})
     assert not result.ok
     assert result.output.startswith("timed out after 0.5s")
     loud = parse_definition(definition({"type": "shell", "command": "yes x | head -c 100000"}, parameters=[]))
-    result = await ENABLED.test(loud, {})
+    result = await try_definition(ENABLED, loud, {})
     assert result.ok
     assert result.output == "x\n" * 2000
 
@@ -323,17 +325,17 @@ async def test_shell_runs_under_limits() -> None:
     d = parse_definition(
         definition({"type": "shell", "command": "sh -c 'ulimit -v; ulimit -c; ulimit -t'"}, parameters=[])
     )
-    result = await ENABLED.test(d, {})
+    result = await try_definition(ENABLED, d, {})
     assert (result.ok, result.output.split()) == (True, [str(1024 * 1024), "0", "11"])
 
 
 async def test_shell_unknown_program_and_failure_exit() -> None:
     missing = parse_definition(definition({"type": "shell", "command": "no-such-program-xyz"}, parameters=[]))
-    assert "not a program" in (await ENABLED.test(missing, {})).output
+    assert "not a program" in (await try_definition(ENABLED, missing, {})).output
     failing = parse_definition(
         definition({"type": "shell", "command": "sh -c 'echo oops; exit 3'"}, parameters=[])
     )
-    assert (await ENABLED.test(failing, {})).output == "exit status 3: oops\n"
+    assert (await try_definition(ENABLED, failing, {})).output == "exit status 3: oops\n"
 
 
 # -- code --------------------------------------------------------------------------------------
@@ -341,7 +343,7 @@ async def test_shell_unknown_program_and_failure_exit() -> None:
 
 async def test_code_is_off_unless_enabled() -> None:
     d = parse_definition(definition({"type": "code", "code": "print(1)"}))
-    result = await DISABLED.test(d, {"name": "x"})
+    result = await try_definition(DISABLED, d, {"name": "x"})
     assert not result.ok
     assert "PARLEY_CUSTOM_ACTIONS_CODE=true" in result.output
 
@@ -349,7 +351,7 @@ async def test_code_is_off_unless_enabled() -> None:
 async def test_code_gets_params_as_data() -> None:
     value = '"); import os; os.system("touch /tmp/pwned"); print("'
     d = parse_definition(definition({"type": "code", "code": "print(params['name'][::-1])"}))
-    result = await ENABLED.test(d, {"name": value})
+    result = await try_definition(ENABLED, d, {"name": value})
     assert (result.ok, result.output) == (True, value[::-1] + "\n")
     typed = parse_definition(
         {
@@ -357,7 +359,7 @@ async def test_code_gets_params_as_data() -> None:
             "parameters": [{"name": n, "required": True, "schema": {"type": "integer"}} for n in "ab"],
         }
     )
-    result = await ENABLED.test(typed, {"a": "2", "b": 40})
+    result = await try_definition(ENABLED, typed, {"a": "2", "b": 40})
     assert (result.ok, json.loads(result.output)) == (True, {"sum": 42})
 
 
@@ -365,7 +367,7 @@ async def test_code_environment_is_empty() -> None:
     os.environ["PARLEY_TEST_MARKER"] = SECRET
     try:
         d = parse_definition(definition({"type": "code", "code": "import os; print(sorted(os.environ))"}))
-        result = await ENABLED.test(d, {"name": "x"})
+        result = await try_definition(ENABLED, d, {"name": "x"})
     finally:
         del os.environ["PARLEY_TEST_MARKER"]
     assert result.ok, result.output
@@ -406,7 +408,7 @@ async def test_code_environment_is_empty() -> None:
 )
 async def test_code_has_no_network_and_no_processes(code: str) -> None:
     d = parse_definition(definition({"type": "code", "code": code}))
-    result = await ENABLED.test(d, {"name": "x"})
+    result = await try_definition(ENABLED, d, {"name": "x"})
     assert not result.ok
     assert "is not allowed in a code action" in result.output
     assert "ESCAPED" not in result.output.replace("'ESCAPED'", "")
@@ -421,7 +423,7 @@ async def test_code_cannot_run_a_program_through_fork_exec() -> None:
         " -1, -1, -1, w, -1, -1, r, w, False, False, -1, None, None, None, -1, None)\n"
     )
     d = parse_definition(definition({"type": "code", "code": code}))
-    result = await ENABLED.test(d, {"name": "x"})
+    result = await try_definition(ENABLED, d, {"name": "x"})
     assert not result.ok
     assert "import of _posixsubprocess is not allowed in a code action" in result.output
     assert "ESCAPED\n" not in result.output
@@ -432,12 +434,12 @@ async def test_code_cannot_signal_the_runtime_which_stays_alive() -> None:
     d = parse_definition(
         definition({"type": "code", "code": "import os, signal; os.kill(os.getppid(), signal.SIGTERM)"})
     )
-    result = await ENABLED.test(d, {"name": "x"})
+    result = await try_definition(ENABLED, d, {"name": "x"})
     assert not result.ok
     assert "os.kill is not allowed in a code action" in result.output
     os.kill(parent, 0)  # still here
-    ok = await ENABLED.test(
-        parse_definition(definition({"type": "code", "code": "print(6 * 7)"})), {"name": "x"}
+    ok = await try_definition(
+        ENABLED, parse_definition(definition({"type": "code", "code": "print(6 * 7)"})), {"name": "x"}
     )
     assert (ok.ok, ok.output) == (True, "42\n")
 
@@ -465,15 +467,15 @@ async def test_code_run_by_root_drops_to_an_unprivileged_user() -> None:
 
 async def test_code_limits_time_memory_and_output() -> None:
     spin = parse_definition(definition({"type": "code", "code": "while True: pass", "timeoutSeconds": 1}))
-    result = await ENABLED.test(spin, {"name": "x"})
+    result = await try_definition(ENABLED, spin, {"name": "x"})
     assert not result.ok
     assert result.output.startswith("timed out after 1s")
     hungry = parse_definition(definition({"type": "code", "code": "x = bytearray(1024 * 1024 * 1024)"}))
-    result = await ENABLED.test(hungry, {"name": "x"})
+    result = await try_definition(ENABLED, hungry, {"name": "x"})
     assert not result.ok
     assert "MemoryError" in result.output
     loud = parse_definition(definition({"type": "code", "code": "print('y' * 100000)"}))
-    result = await ENABLED.test(loud, {"name": "x"})
+    result = await try_definition(ENABLED, loud, {"name": "x"})
     assert (result.ok, result.output) == (True, "y" * 4000)
 
 
@@ -481,7 +483,7 @@ async def test_test_of_an_http_action_with_an_unsendable_value_is_a_failed_resul
     allowed = Executor(CustomActionSettings(allow_hosts=("127.0.0.1",)))
     async with local_http_server() as server:
         d = parse_definition(definition({"type": "http", "url": f"{server.base}/echo/{{{{name}}}}"}))
-        result = await allowed.test(d, {"name": "\udc00\ud800"})
+        result = await try_definition(allowed, d, {"name": "\udc00\ud800"})
     assert not result.ok
     assert result.output.startswith("the request cannot be sent")
     assert server.requests == []
@@ -501,7 +503,7 @@ async def test_outputs_never_show_the_definitions_credentials() -> None:
                 parameters=[],
             )
         )
-        result = await allowed.test(d, {})
+        result = await try_definition(allowed, d, {})
     assert result.ok, result.output
     assert server.requests[0].headers["authorization"] == f"Bearer {SECRET}"
     assert SECRET not in result.output
@@ -524,8 +526,8 @@ async def test_secret_references_are_read_from_the_agent_and_never_shown() -> No
         )
         assert d.secret_refs() == ["API_KEY"]
         assert SECRET not in json.dumps(d.document())
-        result = await allowed.test(d, {"secret:API_KEY": "from-the-model"}, settings.get)
-        missing = await allowed.test(d, {}, {}.get)
+        result = await try_definition(allowed, d, {"secret:API_KEY": "from-the-model"}, settings.get)
+        missing = await try_definition(allowed, d, {}, {}.get)
     assert result.ok, result.output
     assert server.requests[0].headers["x-api-key"] == SECRET
     assert server.requests[0].target == f"/echo?k={SECRET}"

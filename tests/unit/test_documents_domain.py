@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from parley.v1 import documents_pb2
 from parley_platform.errors import InvalidArgument
-from parley_runtime.documents import (
+from parley_runtime.documents.api import requester_of
+from parley_runtime.documents.domain import (
     MARKDOWN,
     PDF,
     PLAIN,
@@ -16,7 +17,6 @@ from parley_runtime.documents import (
     content_type_of,
     extract,
     grants_of,
-    requester_of,
     search_limit,
 )
 

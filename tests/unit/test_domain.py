@@ -14,12 +14,12 @@ from parley_gateway.scripted import Rule, ScriptedProvider, load_rules
 from parley_platform.consumer import Poison
 from parley_platform.errors import InvalidArgument
 from parley_runtime import ids
-from parley_runtime.agents import AgentInfo
+from parley_runtime.agents.directory import AgentInfo
 from parley_runtime.character import Character, load_characters, parse_character
-from parley_runtime.context import State
 from parley_runtime.parser import normalize_actions, parse_response
-from parley_runtime.prompt import build_turn_prompt, join_segments
-from parley_runtime.turn import decode_inbound
+from parley_runtime.sdk import State
+from parley_runtime.turn.inbound import decode_inbound
+from parley_runtime.turn.prompt import build_turn_prompt, join_segments
 from support import ROOT
 
 

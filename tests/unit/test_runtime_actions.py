@@ -9,30 +9,27 @@ from typing import Any
 import pytest
 
 from parley_platform.errors import InvalidArgument
-from parley_runtime.actions import (
-    Catalog,
-    UnknownSubaction,
+from parley_runtime.character import Character
+from parley_runtime.plugins.arguments import (
     coerce_params,
-    dispatch_subaction,
     missing_required,
-    normalise_subaction,
     parse_confidence,
-    permission_error,
     resolve_action_args,
     schema_errors,
 )
-from parley_runtime.basic import basic_capabilities
-from parley_runtime.character import Character
-from parley_runtime.context import MessageView, TurnContext
-from parley_runtime.plugin import (
+from parley_runtime.plugins.basic import basic_capabilities
+from parley_runtime.plugins.catalog import Catalog, permission_error
+from parley_runtime.plugins.loading import discover_plugins, load_plugin, resolve_plugins, validate_plugin
+from parley_runtime.sdk import (
     Action,
     ActionResult,
+    MessageView,
     Parameter,
     Plugin,
-    discover_plugins,
-    load_plugin,
-    resolve_plugins,
-    validate_plugin,
+    TurnContext,
+    UnknownSubaction,
+    dispatch_subaction,
+    normalise_subaction,
 )
 from support import ROOT
 
@@ -77,7 +74,7 @@ def ctx(*, autonomous: bool = False, role: str = "MEMBER") -> TurnContext:
         room_type="GROUP",
         sender_id=uuid.uuid4(),
         sender_name="Bo",
-        metadata={"is_autonomous": "true"} if autonomous else {},
+        autonomous=autonomous,
     )
     return TurnContext(
         agent_id=uuid.uuid4(),
@@ -249,7 +246,7 @@ def test_unknown_or_missing_sub_action() -> None:
 @pytest.mark.parametrize(
     ("plugin", "mentions"),
     [
-        ("not a plugin", "expected a parley_runtime.plugin.Plugin"),
+        ("not a plugin", "expected a parley_runtime.sdk.Plugin"),
         (Plugin(""), "name must not be empty"),
         (Plugin("p", actions=(Action("lower", "x", _ok),)), "SCREAMING_SNAKE_CASE"),
         (Plugin("p", actions=(TRANSFER, TRANSFER)), "declared twice"),

@@ -1,10 +1,10 @@
 """An example plugin: the agent keeps notes for the people it talks to.
 
-It shows each part of a plugin:
+It imports only from ``parley_runtime.sdk`` and shows each part of a plugin:
 - an action with JSON-schema parameters and sub-actions (``NOTE`` with ``op: add | list``),
 - a provider that adds the room's notes to what the model sees,
 - an evaluator that runs after each reply,
-- a non-idempotent action (no ``effect:idempotent`` tag): the runtime writes an effect claim
+- a non-idempotent action (no ``Tag.IDEMPOTENT``): the runtime writes an effect claim
   before it runs, so a retried turn never adds the same note twice.
 """
 
@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from parley_runtime.actions import dispatch_subaction
-from parley_runtime.context import TurnContext
-from parley_runtime.plugin import (
+from parley_runtime.sdk import (
     Action,
     ActionResult,
     Callback,
@@ -24,6 +22,8 @@ from parley_runtime.plugin import (
     Plugin,
     Provider,
     ProviderResult,
+    TurnContext,
+    dispatch_subaction,
 )
 
 

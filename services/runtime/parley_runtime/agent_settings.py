@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Final
 
-from parley_platform.errors import InvalidArgument
+from . import errors
 
 __all__ = [
     "TRAJECTORY_LOGGING_VARIABLE",
@@ -118,9 +118,8 @@ def trajectory_logging_enabled(raw: str | None, environment: str) -> bool:
     if enabled is None:
         shown = raw.strip()
         shown = shown if len(shown) <= 32 else shown[:32] + "…"
-        raise InvalidArgument(
+        raise errors.TRAJECTORY_LOGGING_INVALID(
             f"{TRAJECTORY_LOGGING_VARIABLE}={shown!r} is not a boolean",
-            code="TRAJECTORY_LOGGING_INVALID",
             hint=f"set {TRAJECTORY_LOGGING_VARIABLE} to true or false (1/0, yes/no, on/off also work), "
             "or leave it unset: on in development, off in test and production",
         )

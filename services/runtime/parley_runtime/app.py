@@ -7,7 +7,10 @@ import contextlib
 from typing import Any
 
 from parley.v1 import actions_pb2, documents_pb2, runtime_pb2
+from parley.v1.authz_nats import AuthzClient
+from parley.v1.model_nats import ModelGatewayClient
 from parley.v1.scheduler_nats import SchedulerClient
+from parley_clients.pairing import PairingGate
 from parley_platform.bus import ConsumerSpec
 from parley_platform.consumer import PullConsumer
 from parley_platform.errors import ParleyError
@@ -17,17 +20,26 @@ from parley_platform.worker import WorkerHost
 
 from . import errors
 from .agent_settings import trajectory_logging_enabled
-from .agents import AgentDirectory
+from .agents.custom_actions import CustomActionRegistry
+from .agents.custom_api import CustomActionsApi
+from .agents.custom_store import CustomActionStore
+from .agents.directory import AgentDirectory
+from .agents.plugin_services import PluginServices
 from .api import API_SOURCE, ReplyWaiters, RuntimeApi
 from .character import load_characters
 from .config import RuntimeSettings
-from .confirmations import CLAIMED, SETTLED
-from .custom.service import CustomActionsService
-from .documents import DocumentsApi, DocumentStore
+from .custom.executor import CustomActionSettings, Executor, load_config_file
+from .documents.api import DocumentsApi
+from .documents.store import DocumentStore
 from .secrets import SecretBox, check_salt
 from .store import MIGRATIONS_DIR, SCHEMA, RuntimeStore
 from .tasks import ensure_tasks, runtime_workers
-from .turn import TurnMetrics, TurnProcessor, TurnSettings
+from .turn.approvals import Approvals
+from .turn.confirmations import CLAIMED, SETTLED, Confirmations
+from .turn.ports import Events, Inbox, Model, Outbox, Ports
+from .turn.processor import TurnProcessor
+from .turn.services import Resources
+from .turn.state import TurnMetrics, TurnSettings
 
 log = get_logger(__name__)
 
@@ -39,6 +51,28 @@ SPEC = ServiceSpec(
     migrations=MIGRATIONS_DIR,
     standard_streams=True,
 )
+
+
+def custom_actions(
+    s: RuntimeSettings, store: CustomActionStore, directory: AgentDirectory
+) -> CustomActionRegistry:
+    config = (
+        [d for d in load_config_file(s.custom_actions_file) if d.enabled] if s.custom_actions_file else []
+    )
+    executor = Executor(
+        CustomActionSettings(
+            allow_hosts=tuple(h for h in s.custom_actions_allow_hosts.split(",") if h.strip()),
+            shell_enabled=s.custom_actions_shell,
+            code_enabled=s.custom_actions_code,
+        )
+    )
+    log.info(
+        "custom actions ready",
+        config_actions=len(config),
+        shell=s.custom_actions_shell,
+        code=s.custom_actions_code,
+    )
+    return CustomActionRegistry(store, directory, executor, config)
 
 
 async def setup(host: ServiceHost[RuntimeSettings]) -> None:
@@ -59,13 +93,24 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
     log.info(
         "agents loaded", agents=",".join(c.name for c in characters), trajectory_logging=trajectory_logging
     )
-    bus = host.bus
+    bus, rpc = host.bus, host.rpc
+    authz = AuthzClient(rpc, timeout=s.authz_timeout_seconds)
+    model = Model(ModelGatewayClient(rpc, timeout=s.model_timeout_seconds))
+    ports = Ports(
+        model=model,
+        outbox=Outbox(bus),
+        inbox=Inbox(bus),
+        events=Events(bus),
+        authz=authz,
+        pairing=PairingGate(rpc, timeout=s.pairing_timeout_seconds),
+    )
+    resources = Resources(store, DocumentStore(host.db), model, Approvals(authz, store))
+    metrics = TurnMetrics(host.registry)
     turns = TurnProcessor(
-        store=store,
-        bus=bus,
-        rpc=host.rpc,
+        resources=resources,
+        ports=ports,
         directory=directory,
-        metrics=TurnMetrics(host.registry),
+        metrics=metrics,
         settings=TurnSettings(
             max_text_bytes=s.max_text_bytes,
             max_deliver=s.max_deliver,
@@ -76,6 +121,8 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
             embed_messages=s.embed_messages,
         ),
     )
+    confirmations = Confirmations(resources=resources, ports=ports, directory=directory, metrics=metrics)
+
     subjects = bus.subjects
     waiters = ReplyWaiters()
     await bus.subscribe(subjects.outbound("*", API_SOURCE), waiters.on_message)
@@ -90,19 +137,20 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
 
     directory.connect(announce)
     await bus.subscribe(changes, on_change)
-    custom = CustomActionsService.create(s, host.db, directory)
+    registry = custom_actions(s, CustomActionStore(host.db), directory)
     host.serve(
-        RuntimeApi(store=store, bus=bus, directory=directory, waiters=waiters, embed=turns.embed),
+        RuntimeApi(store=store, bus=bus, directory=directory, waiters=waiters, embed=model.embed),
         runtime_pb2,
         "Runtime",
     )
-    host.serve(custom.api, actions_pb2, "CustomActions")
+    host.serve(CustomActionsApi(directory, registry), actions_pb2, "CustomActions")
     host.serve(
-        DocumentsApi(store=DocumentStore(host.db), directory=directory, embed=turns.embed),
+        DocumentsApi(store=resources.documents, agents=directory, embed=model.embed),
         documents_pb2,
         "Documents",
     )
 
+    host.component("plugin services", PluginServices(directory))
     host.component(
         "consumer",
         PullConsumer(
@@ -114,14 +162,14 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
                 ack_wait_seconds=s.ack_wait_seconds,
                 max_deliver=s.max_deliver,
             ),
-            custom.before_turns(turns.handle),
+            registry.before_turns(turns.handle),
             concurrency=s.turn_concurrency,
             metrics=host.messaging,
             on_exhausted=turns.exhausted,
         ),
     )
-    # Approved actions run, and confirmed conversations continue, on whichever replica
-    # receives authz's event (confirmations.py).
+    # Approved actions run, and confirmed conversations continue, on whichever replica receives
+    # authz's event.
     for event_type in (CLAIMED, SETTLED):
         durable = f"runtime-{event_type.lower().replace('_', '-')}"
         host.component(
@@ -135,17 +183,13 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
                     ack_wait_seconds=s.ack_wait_seconds,
                     max_deliver=s.max_deliver,
                 ),
-                custom.before_events(turns.confirmations.on_event),
+                registry.before_turns(confirmations.on_event, agent_token=-2),
                 concurrency=16,
                 metrics=host.messaging,
             ),
         )
-    host.component(
-        "workers",
-        WorkerHost(
-            bus, service=SPEC.name, workers=runtime_workers(store, turns.embed), registry=host.registry
-        ),
-    )
-    scheduler = SchedulerClient(host.rpc, timeout=5)
+    workers = runtime_workers(store, model.embed)
+    host.component("workers", WorkerHost(bus, service=SPEC.name, workers=workers, registry=host.registry))
+    scheduler = SchedulerClient(rpc, timeout=5)
     host.loop("runtime tasks", lambda: ensure_tasks(scheduler, [a.id for a in directory.agents.values()]))
     host.on_stop("evaluators", lambda: turns.drain(5))

@@ -10,9 +10,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from parley_platform.errors import InvalidArgument
-
-from . import ids
+from . import errors, ids
 from .custom.definitions import CustomActionDef
 
 
@@ -66,14 +64,12 @@ def _describe(exc: ValidationError) -> str:
 
 def parse_character(data: Any, origin: str = "character") -> Character:
     if not isinstance(data, dict):
-        raise InvalidArgument(f"{origin}: a character must be a mapping", code="CHARACTER_INVALID")
+        raise errors.CHARACTER_INVALID(f"{origin}: a character must be a mapping")
     try:
         return Character.model_validate(data)
     except ValidationError as exc:
-        raise InvalidArgument(
-            f"{origin}: {_describe(exc)}",
-            code="CHARACTER_INVALID",
-            hint="see characters/default.yaml for a valid example",
+        raise errors.CHARACTER_INVALID(
+            f"{origin}: {_describe(exc)}", hint="see characters/default.yaml for a valid example"
         ) from exc
 
 
@@ -82,8 +78,8 @@ def load_character_file(path: Path) -> Character:
         text = path.read_text()
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (OSError, ValueError, yaml.YAMLError) as exc:
-        raise InvalidArgument(
-            f"{path.name}: cannot read character file ({type(exc).__name__})", code="CHARACTER_INVALID"
+        raise errors.CHARACTER_INVALID(
+            f"{path.name}: cannot read character file ({type(exc).__name__})"
         ) from exc
     return parse_character(data, path.name)
 
@@ -94,8 +90,7 @@ def load_characters(directory: Path) -> list[Character]:
     names = [c.name for c in characters]
     duplicates = {n for n in names if names.count(n) > 1}
     if duplicates:
-        raise InvalidArgument(
-            f"characters in {directory} share names: {', '.join(sorted(duplicates))}",
-            code="CHARACTER_INVALID",
+        raise errors.CHARACTER_INVALID(
+            f"characters in {directory} share names: {', '.join(sorted(duplicates))}"
         )
     return characters

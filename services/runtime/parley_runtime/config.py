@@ -16,6 +16,10 @@ class RuntimeSettings(Settings):
     max_deliver: int = Field(default=5, gt=1)
     ack_wait_seconds: float = Field(default=60.0, gt=0)
     model_timeout_seconds: float = Field(default=30.0, gt=0)
+    # Deadlines of the calls to authz (confirmations) and to pairing (the DM gate, which fails
+    # closed when pairing does not answer in time).
+    authz_timeout_seconds: float = Field(default=30.0, gt=0)
+    pairing_timeout_seconds: float = Field(default=2.0, gt=0)
     recent_messages: int = Field(default=10, ge=0, le=100)
     provider_timeout_seconds: float = Field(default=5.0, gt=0)
     # Store an embedding of every message (after the reply, through the model gateway).

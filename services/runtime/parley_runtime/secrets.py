@@ -35,7 +35,9 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
-from parley_platform.errors import FailedPrecondition, InvalidArgument
+from parley_platform.errors import FailedPrecondition
+
+from . import errors
 
 __all__ = [
     "DEFAULT_SECRET_SALT",
@@ -70,7 +72,7 @@ _TEXT_ERRORS: Final = "surrogatepass"
 class SecretDecryptFailed(FailedPrecondition):
     """A stored secret cannot be decrypted with this deployment's key under this name."""
 
-    default_code = "SECRET_DECRYPT_FAILED"
+    default_code = errors.SECRET_DECRYPT_FAILED.code
 
 
 class SecretBox:
@@ -80,9 +82,7 @@ class SecretBox:
 
     def __init__(self, salt: str) -> None:
         if not salt:
-            raise InvalidArgument(
-                "the secret salt is empty", code="SECRET_SALT_EMPTY", hint="pass the result of check_salt()"
-            )
+            raise errors.SECRET_SALT_EMPTY("the secret salt is empty")
         kdf = Scrypt(salt=_KDF_SALT, length=32, n=_SCRYPT_N, r=_SCRYPT_R, p=_SCRYPT_P)
         self._aead = AESGCM(kdf.derive(salt.encode("utf-8", _TEXT_ERRORS)))
 
@@ -135,11 +135,8 @@ def check_salt(salt: str | None, *, environment: str, allow_default: bool) -> st
     if allow_default or environment in ("development", "test"):
         return DEFAULT_SECRET_SALT
     what = "is the public default" if salt == DEFAULT_SECRET_SALT else "is not set"
-    raise FailedPrecondition(
-        f"PARLEY_SECRET_SALT {what} in {environment}: anyone could decrypt the stored agent secrets",
-        code="DEFAULT_SECRET_SALT",
-        hint="set PARLEY_SECRET_SALT to a long random value (python -c 'import secrets; "
-        "print(secrets.token_urlsafe(32))'), or PARLEY_ALLOW_DEFAULT_SECRET_SALT=true to accept the risk",
+    raise errors.DEFAULT_SECRET_SALT(
+        f"PARLEY_SECRET_SALT {what} in {environment}: anyone could decrypt the stored agent secrets"
     )
 
 

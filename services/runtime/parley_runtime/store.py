@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from parley_platform.postgres import Database, Row, load_queries
+from parley.v1 import runtime_pb2
+from parley_platform.postgres import Database, load_queries
+
+from .names import ROOM_TYPES
+from .records import (
+    Effect,
+    Ingested,
+    Invocation,
+    Memory,
+    MemoryMatch,
+    NewMessage,
+    Room,
+    Row,
+    StoredAgent,
+    StoredReply,
+    ToolCall,
+    TurnRecord,
+)
 
 SQL_DIR = Path(__file__).parent / "sql"
 MIGRATIONS_DIR = SQL_DIR / "migrations"
@@ -19,22 +36,7 @@ SCHEMA = "runtime"
 Q = load_queries(SQL_DIR / "queries.sql")
 
 
-@dataclass(frozen=True)
-class Ingested:
-    state: str | None  # the turn's state after ingest; None when it had already finished
-    previous_state: str | None  # None for a message seen for the first time
-    previous_response_id: uuid.UUID | None
-    attempts: int
-    lease_token: int | None  # None: this copy did not get the room's lease
-    history: list[dict[str, Any]]  # the room's recent messages, oldest first
-    participants: list[dict[str, Any]]
-    agent_room_state: dict[str, Any] | None
-    world_metadata: dict[str, Any] | None
-    sender_role: str | None
-    replies_to_agent: bool
-
-
-def _vector(values: Sequence[float] | None) -> str | None:
+def vector_text(values: Sequence[float] | None) -> str | None:
     """pgvector's text form; the SQL casts it with ::vector."""
     return None if values is None else "[" + ",".join(repr(float(v)) for v in values) + "]"
 
@@ -52,34 +54,28 @@ class RuntimeStore:
             what="upsert agent",
         )
 
-    async def list_agents(self, limit: int, offset: int) -> list[Row]:
-        return await self.db.fetchall(
+    async def list_agents(self, limit: int, offset: int) -> list[StoredAgent]:
+        rows = await self.db.fetchall(
             Q["list_agents"], {"limit": limit, "offset": offset}, what="list agents"
         )
+        return [StoredAgent.from_row(r) for r in rows]
 
-    async def ingest(self, params: dict[str, Any]) -> Ingested:
+    async def ingest(self, message: NewMessage) -> Ingested:
         """The ingest statement under the room's transaction-scoped advisory lock (one pipeline)."""
+        params = {
+            **{f.name: getattr(message, f.name) for f in dataclasses.fields(message)},
+            "entity_metadata": Jsonb(message.entity_metadata),
+            "content": Jsonb(message.content),
+        }
         async with self.db.connection("ingest message") as conn, conn.pipeline(), conn.transaction():
             await conn.execute(
-                Q["lock_room"], {"lock_key": f"{params['agent_id']}:{params['room_id']}"}, prepare=True
+                Q["lock_room"], {"lock_key": f"{message.agent_id}:{message.room_id}"}, prepare=True
             )
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(Q["ingest"], params, prepare=True)
             row = await cur.fetchone()
         assert row is not None
-        return Ingested(
-            state=row["state"],
-            previous_state=row["previous_state"],
-            previous_response_id=row["previous_response_id"],
-            attempts=row["attempts"] or 0,
-            lease_token=row["lease_token"],
-            history=row["history"] or [],
-            participants=row["participants"] or [],
-            agent_room_state=row["agent_room_state"],
-            world_metadata=row["world_metadata"],
-            sender_role=row["sender_role"],
-            replies_to_agent=bool(row["replies_to_agent"]),
-        )
+        return Ingested.from_row(row)
 
     async def save_replies(
         self,
@@ -174,10 +170,11 @@ class RuntimeStore:
             what="trajectory",
         )
 
-    async def list_replies(self, agent_id: uuid.UUID, turn_id: uuid.UUID) -> list[Row]:
-        return await self.db.fetchall(
+    async def list_replies(self, agent_id: uuid.UUID, turn_id: uuid.UUID) -> list[StoredReply]:
+        rows = await self.db.fetchall(
             Q["list_replies"], {"agent_id": agent_id, "turn_id": turn_id}, what="replies"
         )
+        return [StoredReply(r["id"], r["content"]) for r in rows]
 
     async def set_room_state(
         self, agent_id: uuid.UUID, room_id: uuid.UUID, state: str | None, mute_until: Any = None
@@ -209,12 +206,13 @@ class RuntimeStore:
         )
         return row is not None
 
-    async def get_effect(self, agent_id: uuid.UUID, turn_id: uuid.UUID, index: int) -> Row | None:
-        return await self.db.fetchone(
+    async def get_effect(self, agent_id: uuid.UUID, turn_id: uuid.UUID, index: int) -> Effect | None:
+        row = await self.db.fetchone(
             Q["get_effect"],
             {"agent_id": agent_id, "turn_id": turn_id, "action_index": index},
             what="get effect",
         )
+        return None if row is None else Effect(row["result"])
 
     async def complete_effect(
         self, agent_id: uuid.UUID, turn_id: uuid.UUID, index: int, result: dict[str, Any]
@@ -248,7 +246,7 @@ class RuntimeStore:
                 "room_id": room_id,
                 "entity_id": entity_id,
                 "source": source,
-                "embedding": _vector(embedding),
+                "embedding": vector_text(embedding),
                 "metadata": Jsonb(metadata),
             },
             what="remember",
@@ -259,7 +257,7 @@ class RuntimeStore:
     ) -> None:
         await self.db.execute(
             Q["set_embedding"],
-            {"agent_id": agent_id, "id": memory_id, "embedding": _vector(embedding)},
+            {"agent_id": agent_id, "id": memory_id, "embedding": vector_text(embedding)},
             what="set embedding",
         )
 
@@ -271,18 +269,19 @@ class RuntimeStore:
         kind: str,
         limit: int,
         room_id: uuid.UUID | None = None,
-    ) -> list[Row]:
-        return await self.db.fetchall(
+    ) -> list[MemoryMatch]:
+        rows = await self.db.fetchall(
             Q["search_memories"],
             {
                 "agent_id": agent_id,
-                "embedding": _vector(embedding),
+                "embedding": vector_text(embedding),
                 "kind": kind,
                 "limit": limit,
                 "room_id": room_id,
             },
             what="search memories",
         )
+        return [MemoryMatch.from_row(r) for r in rows]
 
     async def has_memories(self, agent_id: uuid.UUID, kind: str) -> bool:
         row = await self.db.fetchone(
@@ -290,36 +289,31 @@ class RuntimeStore:
         )
         return bool(row and row["found"])
 
-    async def get_memory(self, agent_id: uuid.UUID, memory_id: uuid.UUID) -> Row | None:
-        return await self.db.fetchone(
-            Q["get_memory"], {"agent_id": agent_id, "id": memory_id}, what="get memory"
-        )
-
-    async def get_room(self, agent_id: uuid.UUID, room_id: uuid.UUID) -> Row | None:
-        return await self.db.fetchone(Q["get_room"], {"agent_id": agent_id, "id": room_id}, what="get room")
-
-    async def list_rooms(self, agent_id: uuid.UUID, limit: int, offset: int) -> list[Row]:
-        return await self.db.fetchall(
+    async def list_rooms(self, agent_id: uuid.UUID, limit: int, offset: int) -> list[Room]:
+        rows = await self.db.fetchall(
             Q["list_rooms"], {"agent_id": agent_id, "limit": limit, "offset": offset}, what="list rooms"
         )
+        return [Room.from_row(r) for r in rows]
 
     async def list_memories(
         self, agent_id: uuid.UUID, kind: str, room_id: uuid.UUID | None, limit: int, offset: int
-    ) -> list[Row]:
-        return await self.db.fetchall(
+    ) -> list[Memory]:
+        rows = await self.db.fetchall(
             Q["list_memories"],
             {"agent_id": agent_id, "kind": kind, "room_id": room_id, "limit": limit, "offset": offset},
             what="list memories",
         )
+        return [Memory.from_row(r) for r in rows]
 
     async def list_turns(
         self, agent_id: uuid.UUID, room_id: uuid.UUID | None, limit: int, offset: int
-    ) -> list[Row]:
-        return await self.db.fetchall(
+    ) -> list[TurnRecord]:
+        rows = await self.db.fetchall(
             Q["list_turns"],
             {"agent_id": agent_id, "room_id": room_id, "limit": limit, "offset": offset},
             what="list turns",
         )
+        return [TurnRecord.from_row(r) for r in rows]
 
     async def store_secrets(self, agent_id: uuid.UUID, encrypted: Mapping[str, str]) -> None:
         """Replace the agent's secrets with these (name → ciphertext)."""
@@ -330,11 +324,14 @@ class RuntimeStore:
                 )
             await conn.execute(Q["delete_other_secrets"], {"agent_id": agent_id, "keep": list(encrypted)})
 
-    async def list_secrets(self, agent_id: uuid.UUID) -> list[Row]:
-        return await self.db.fetchall(Q["list_secrets"], {"agent_id": agent_id}, what="list secrets")
+    async def list_secrets(self, agent_id: uuid.UUID) -> dict[str, str]:
+        """The agent's secrets, name → ciphertext."""
+        rows = await self.db.fetchall(Q["list_secrets"], {"agent_id": agent_id}, what="list secrets")
+        return {r["name"]: r["ciphertext"] for r in rows}
 
-    async def get_agent(self, ref: uuid.UUID | None, name: str | None) -> Row | None:
-        return await self.db.fetchone(Q["get_agent"], {"id": ref, "name": name}, what="get agent")
+    async def get_agent(self, ref: uuid.UUID | None, name: str | None) -> StoredAgent | None:
+        row = await self.db.fetchone(Q["get_agent"], {"id": ref, "name": name}, what="get agent")
+        return None if row is None else StoredAgent.from_row(row)
 
     async def set_agent_enabled(self, agent_id: uuid.UUID, enabled: bool) -> bool:
         row = await self.db.fetchone(
@@ -342,30 +339,94 @@ class RuntimeStore:
         )
         return row is not None
 
-    async def get_turn(self, agent_id: uuid.UUID, turn_id: uuid.UUID) -> Row | None:
-        return await self.db.fetchone(Q["get_turn"], {"agent_id": agent_id, "id": turn_id}, what="get turn")
+    async def get_turn(self, agent_id: uuid.UUID, turn_id: uuid.UUID) -> TurnRecord | None:
+        row = await self.db.fetchone(Q["get_turn"], {"agent_id": agent_id, "id": turn_id}, what="get turn")
+        return None if row is None else TurnRecord.from_row(row)
 
-    async def missing_embeddings(self, agent_id: uuid.UUID, limit: int) -> list[Row]:
-        return await self.db.fetchall(
+    async def missing_embeddings(self, agent_id: uuid.UUID, limit: int) -> list[tuple[uuid.UUID, str]]:
+        """(memory id, text) of messages and facts stored while the embedding model was away."""
+        rows = await self.db.fetchall(
             Q["missing_embeddings"], {"agent_id": agent_id, "limit": limit}, what="missing embeddings"
         )
+        return [(r["id"], r["text"]) for r in rows]
 
     # -- confirmations ---------------------------------------------------------------------------
 
-    async def save_tool_call(self, call: Mapping[str, Any]) -> Row:
+    async def save_tool_call(self, call: ToolCall) -> ToolCall:
         """The proposal of an action awaiting confirmation; the first one when it exists already."""
         row = await self.db.fetchone(
-            Q["save_tool_call"], {**call, "params": Jsonb(call["params"])}, what="save tool call"
+            Q["save_tool_call"],
+            {
+                "agent_id": call.agent_id,
+                "tool_call_id": call.id,
+                "turn_id": call.turn_id,
+                "action_index": call.action_index,
+                "call_index": call.call_index,
+                "room_id": call.room_id,
+                "message_id": call.message_id,
+                "action": call.action,
+                "params": Jsonb(call.params),
+                "requester_id": call.requester_id,
+                "role": call.role,
+                "invocation": Jsonb(call.invocation.to_json()),
+            },
+            what="save tool call",
         )
         assert row is not None  # inserted, or found by the same statement
-        return row
+        return _tool_call(row)
 
-    async def get_tool_call(self, agent_id: uuid.UUID, tool_call_id: str) -> Row | None:
-        return await self.db.fetchone(
+    async def get_tool_call(self, agent_id: uuid.UUID, tool_call_id: str) -> ToolCall | None:
+        row = await self.db.fetchone(
             Q["get_tool_call"], {"agent_id": agent_id, "tool_call_id": tool_call_id}, what="get tool call"
         )
+        return None if row is None else _tool_call(row)
 
-    async def get_tool_calls(self, agent_id: uuid.UUID, ids: Sequence[str]) -> list[Row]:
-        return await self.db.fetchall(
+    async def get_tool_calls(self, agent_id: uuid.UUID, ids: Sequence[str]) -> list[ToolCall]:
+        rows = await self.db.fetchall(
             Q["get_tool_calls"], {"agent_id": agent_id, "ids": list(ids)}, what="get tool calls"
         )
+        return [_tool_call(r) for r in rows]
+
+
+def _tool_call(row: Row) -> ToolCall:
+    return ToolCall(
+        id=row["tool_call_id"],
+        agent_id=row["agent_id"],
+        turn_id=row["turn_id"],
+        action_index=row["action_index"],
+        call_index=row["call_index"],
+        room_id=row["room_id"],
+        message_id=row["message_id"],
+        action=row["action"],
+        params=row["params"],
+        requester_id=row["requester_id"],
+        role=row["role"],
+        invocation=(
+            Invocation.from_json(row["invocation"])
+            if row["invocation"] is not None
+            else _legacy_invocation(row["inbound"])
+        ),
+        created_at=row["created_at"],
+    )
+
+
+def _legacy_invocation(data: bytes) -> Invocation:
+    """Calls proposed before migration 0007 kept the proposing message as protobuf bytes."""
+    message = runtime_pb2.InboundMessage.FromString(data)
+    return Invocation(
+        source=message.source,
+        message_id=message.message_id,
+        channel_id=message.channel_id,
+        sender_id=message.sender_id,
+        sender_name=message.sender_name,
+        sender_username=message.sender_username,
+        room_type=ROOM_TYPES.get(message.room_type, "GROUP"),
+        world_id=message.world_id,
+        text=message.text,
+        in_reply_to=message.in_reply_to,
+        metadata=dict(message.metadata),
+        attachments=[
+            {"id": a.id, "url": a.url, "title": a.title, "contentType": a.content_type, "text": a.text}
+            for a in message.attachments
+        ],
+    )

@@ -40,14 +40,14 @@ def runtime_workers(
     @workers.worker(EMBED_BACKFILL)
     async def backfill(task: Task, lease: Lease) -> TaskResult:
         agent_id = uuid.UUID(task.agent_id)
-        rows = await store.missing_embeddings(agent_id, BACKFILL_BATCH)
-        if rows:
-            vectors = await embed([r["text"] for r in rows], agent_id)
-            for row, vector in zip(rows, vectors, strict=True):
-                await store.set_embedding(agent_id, row["id"], vector)
+        missing = await store.missing_embeddings(agent_id, BACKFILL_BATCH)
+        if missing:
+            vectors = await embed([text for _, text in missing], agent_id)
+            for (memory_id, _), vector in zip(missing, vectors, strict=True):
+                await store.set_embedding(agent_id, memory_id, vector)
         # A full batch means there may be more: come back soon; otherwise at the usual pace.
         return TaskResult(
-            next_interval_ms=BUSY_INTERVAL_MS if len(rows) == BACKFILL_BATCH else BACKFILL_INTERVAL_MS
+            next_interval_ms=BUSY_INTERVAL_MS if len(missing) == BACKFILL_BATCH else BACKFILL_INTERVAL_MS
         )
 
     return workers

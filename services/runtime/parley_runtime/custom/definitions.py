@@ -21,9 +21,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from parley_platform.errors import InvalidArgument
-
-from ..plugin import ACTION_NAME
+from .. import errors
+from ..names import ACTION_NAME
 
 __all__ = [
     "CodeHandler",
@@ -452,26 +451,25 @@ def describe_errors(exc: ValidationError) -> str:
 
 def parse_definition(data: Any, origin: str = "custom action") -> CustomActionDef:
     if not isinstance(data, Mapping):
-        raise InvalidArgument(f"{origin}: a custom action must be a mapping", code="CUSTOM_ACTION_INVALID")
+        raise errors.CUSTOM_ACTION_INVALID(f"{origin}: a custom action must be a mapping")
     try:
         return CustomActionDef.model_validate(dict(data))
     except ValidationError as exc:
-        raise InvalidArgument(
+        raise errors.CUSTOM_ACTION_INVALID(
             f"{origin}: {describe_errors(exc)}",
-            code="CUSTOM_ACTION_INVALID",
             hint="see docs/custom-actions.md for the fields of a definition",
         ) from None
 
 
 def parse_definition_text(text: str, origin: str = "definition") -> CustomActionDef:
     if not text.strip():
-        raise InvalidArgument(f"{origin} is required (a JSON or YAML document)", code="DEFINITION_REQUIRED")
+        raise errors.DEFINITION_REQUIRED(f"{origin} is required (a JSON or YAML document)")
     if len(text) > 256_000:
-        raise InvalidArgument(f"{origin} is over 256 kB", code="DEFINITION_TOO_LARGE")
+        raise errors.DEFINITION_TOO_LARGE(f"{origin} is over 256 kB")
     try:
         data = yaml.safe_load(text)  # JSON is YAML too
     except yaml.YAMLError:
-        raise InvalidArgument(f"{origin} is neither JSON nor YAML", code="CUSTOM_ACTION_INVALID") from None
+        raise errors.CUSTOM_ACTION_INVALID(f"{origin} is neither JSON nor YAML") from None
     return parse_definition(data, origin)
 
 
@@ -480,17 +478,15 @@ def parse_definitions(data: Any, origin: str) -> list[CustomActionDef]:
     if isinstance(data, Mapping):
         data = data.get("customActions")
     if not isinstance(data, list):
-        raise InvalidArgument(
-            f"{origin}: expected a list of custom actions (or a mapping with customActions)",
-            code="CUSTOM_ACTION_INVALID",
+        raise errors.CUSTOM_ACTION_INVALID(
+            f"{origin}: expected a list of custom actions (or a mapping with customActions)"
         )
     found = [parse_definition(item, f"{origin}: customActions.{i}") for i, item in enumerate(data)]
     for key in ("id", "name"):
         values = [getattr(d, key) for d in found]
         duplicates = sorted({v for v in values if values.count(v) > 1})
         if duplicates:
-            raise InvalidArgument(
-                f"{origin}: customActions share the {key} {', '.join(duplicates)}",
-                code="CUSTOM_ACTION_INVALID",
+            raise errors.CUSTOM_ACTION_INVALID(
+                f"{origin}: customActions share the {key} {', '.join(duplicates)}"
             )
     return found

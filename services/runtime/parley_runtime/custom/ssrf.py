@@ -24,6 +24,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from parley_platform.errors import InvalidArgument
 
+from .. import errors
+
 __all__ = ["Guard", "SsrfBlocked", "Target", "parse_ipv4_literal", "system_resolver"]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -71,7 +73,7 @@ _NUMERIC_HOST = re.compile(r"^(0x[0-9a-f]*|[0-9]+)(\.(0x[0-9a-f]*|[0-9]+)){0,3}$
 class SsrfBlocked(InvalidArgument):
     """The URL may not be fetched: what was refused is in the message, without the URL's secrets."""
 
-    default_code = "SSRF_BLOCKED"
+    default_code = errors.SSRF_BLOCKED.code
 
 
 @dataclass(frozen=True)

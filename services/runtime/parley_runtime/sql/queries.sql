@@ -321,9 +321,9 @@ SELECT id, content ->> 'text' AS text FROM runtime.memory
 -- back, so what authz was told (parameters digest, message) never changes.
 WITH new AS (
     INSERT INTO runtime.tool_call (agent_id, tool_call_id, turn_id, action_index, call_index, room_id,
-                                   message_id, action, params, requester_id, role, inbound)
+                                   message_id, action, params, requester_id, role, invocation)
     VALUES (%(agent_id)s, %(tool_call_id)s, %(turn_id)s, %(action_index)s, %(call_index)s, %(room_id)s,
-            %(message_id)s, %(action)s, %(params)s, %(requester_id)s, %(role)s, %(inbound)s)
+            %(message_id)s, %(action)s, %(params)s, %(requester_id)s, %(role)s, %(invocation)s)
     ON CONFLICT DO NOTHING
     RETURNING *
 )

@@ -153,10 +153,12 @@ CREATE TABLE runtime.tool_call (
     params        jsonb NOT NULL,
     requester_id  uuid NOT NULL,
     role          text NOT NULL,
-    inbound       bytea NOT NULL,
+    inbound       bytea,  -- before migration 0007: the proposing message as protobuf bytes
     created_at    timestamptz NOT NULL DEFAULT now(),
+    invocation    jsonb,  -- records.Invocation: what the call needs of the proposing message
     PRIMARY KEY (agent_id, tool_call_id),
-    FOREIGN KEY (agent_id, turn_id) REFERENCES runtime.turn (agent_id, id) ON DELETE CASCADE
+    FOREIGN KEY (agent_id, turn_id) REFERENCES runtime.turn (agent_id, id) ON DELETE CASCADE,
+    CONSTRAINT tool_call_invocation CHECK (invocation IS NOT NULL OR inbound IS NOT NULL)
 );
 CREATE INDEX tool_call_room ON runtime.tool_call (agent_id, room_id, created_at DESC);
 

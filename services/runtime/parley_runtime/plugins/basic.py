@@ -3,29 +3,27 @@ muting rooms, the providers that give the model its context, and REFLECTION."""
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from parley_platform.errors import ParleyError
 
-from .actions import _json_object
-from .agent_settings import setting_bool
-from .context import TurnContext
-from .documents import knowledge
-from .plugin import (
+from ..documents.knowledge import knowledge
+from ..sdk import (
     Action,
     ActionResult,
     Callback,
     Content,
-    Evaluator,
     Parameter,
     Plugin,
     Provider,
     ProviderResult,
+    Tag,
+    TurnContext,
 )
+from .reflection import reflection
 
-IDEMPOTENT = frozenset({"effect:idempotent"})
+IDEMPOTENT = frozenset({Tag.IDEMPOTENT})
 
 
 async def _reply(ctx: TurnContext, params: dict[str, Any], callback: Callback) -> ActionResult:
@@ -173,50 +171,6 @@ async def _attachments(ctx: TurnContext) -> ProviderResult:
     return ProviderResult("# Attachments\n" + "\n".join(lines))
 
 
-REFLECTION_PROMPT = """# Reflection
-You are {name}. Read the conversation and list new, lasting facts worth remembering about the people in it
-(preferences, names, plans), and relationships between them. Skip small talk and anything already known.
-
-Conversation:
-{conversation}
-
-Answer with one JSON object only:
-{{"facts": ["..."], "relationships": [{{"source": "...", "target": "...", "kind": "..."}}]}}
-"""
-
-
-REFLECTION_MIN_WORDS = 4
-
-
-async def _should_reflect(ctx: TurnContext) -> bool:
-    """Reflect on messages that can carry a fact (not greetings or one-word answers), unless the
-    character turns it off with REFLECTION: false; each reflection is a model call."""
-    enabled = setting_bool(ctx.services.get_setting("REFLECTION"))
-    words = len(ctx.message.text.split())
-    return enabled is not False and words >= REFLECTION_MIN_WORDS and not ctx.is_autonomous
-
-
-async def _reflect(ctx: TurnContext) -> ActionResult:
-    lines = [f"{line.name}: {line.text}" for line in ctx.history[-8:]]
-    lines.append(f"{ctx.message.sender_name}: {ctx.message.text}")
-    answer = await ctx.services.generate(
-        REFLECTION_PROMPT.format(name=ctx.character.name, conversation="\n".join(lines)),
-        small=True,
-        structured=True,
-    )
-    found = _json_object(answer) or {}
-    facts = [f.strip() for f in found.get("facts", []) if isinstance(f, str) and f.strip()][:10]
-    relationships = [r for r in found.get("relationships", []) if isinstance(r, dict)][:10]
-    for fact in facts:
-        await ctx.services.remember("facts", fact, metadata={"source": "reflection"})
-    for rel in relationships:
-        text = f"{rel.get('source', '?')} {rel.get('kind', 'knows')} {rel.get('target', '?')}"
-        await ctx.services.remember(
-            "facts", text, metadata={"source": "reflection", "relationship": json.dumps(rel)}
-        )
-    return ActionResult(True, values={"facts": len(facts), "relationships": len(relationships)})
-
-
 basic_capabilities = Plugin(
     name="basic_capabilities",
     description="Replying, staying quiet, following and muting rooms, context providers and reflection.",
@@ -306,5 +260,5 @@ basic_capabilities = Plugin(
         Provider("ATTACHMENTS", _attachments, "files attached to the message", position=20),
         Provider("RECENT_MESSAGES", _recent_messages, "the room's recent messages", position=100),
     ),
-    evaluators=(Evaluator("REFLECTION", _reflect, "extracts facts and relationships", _should_reflect),),
+    evaluators=(reflection,),
 )

@@ -20,34 +20,19 @@ import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from parley_platform.consumer import Delivery
-from parley_platform.errors import FailedPrecondition, InvalidArgument, NotFound
 from parley_platform.logging import get_logger
 
-from ..actions import Catalog, coerce_params, missing_required, schema_errors
-from ..agents import AgentDirectory, AgentInfo
-from ..context import TurnContext
-from ..plugin import Action, ActionResult, Callback, Content, Parameter, Plugin
-from ..secrets import Redactor
-from .code import run_code
-from .definitions import (
-    SECRET_PREFIX,
-    CodeHandler,
-    CustomActionDef,
-    HttpHandler,
-    ShellHandler,
-    parse_definitions,
-)
-from .http import RESPONSE_CHARS, TIMEOUT_SECONDS, run_http
-from .process import ProcessOutcome
-from .shell import CommandNotFound, run_shell
-from .ssrf import Guard, Resolver
-from .store import CustomActionStore
+from .. import errors
+from ..custom.definitions import CustomActionDef
+from ..custom.executor import Executor, TestResult
+from ..plugins.arguments import coerce_params, missing_required, schema_errors
+from ..plugins.catalog import Catalog
+from ..sdk import Action, ActionResult, Callback, Content, Parameter, Plugin, Tag, TurnContext
+from .custom_store import CustomActionStore
+from .directory import AgentDirectory, AgentInfo
 
 log = get_logger(__name__)
 
@@ -56,113 +41,27 @@ SOURCES = ("character", "config", "api")
 
 
 @dataclass(frozen=True)
-class CustomActionSettings:
-    allow_hosts: tuple[str, ...] = ()
-    shell_enabled: bool = False
-    code_enabled: bool = False
-    http_timeout: float = TIMEOUT_SECONDS
-    output_chars: int = RESPONSE_CHARS
-
-
-@dataclass(frozen=True)
-class TestResult:
-    ok: bool
-    output: str
-
-
-@dataclass(frozen=True)
 class Listed:
     definition: CustomActionDef
     source: str  # character, config or api
 
 
-class Executor:
-    """Runs a definition's handler; the outcome's text never holds the definition's credentials."""
-
-    def __init__(self, settings: CustomActionSettings, resolver: Resolver | None = None) -> None:
-        self.settings = settings
-        self.guard = Guard(settings.allow_hosts, resolver)
-
-    def disabled(self, definition: CustomActionDef) -> str | None:
-        kind = definition.handler.type
-        if kind == "shell" and not self.settings.shell_enabled:
-            return (
-                "shell actions are disabled on this runtime; an operator enables them with "
-                "PARLEY_CUSTOM_ACTIONS_SHELL=true"
-            )
-        if kind == "code" and not self.settings.code_enabled:
-            return (
-                "code actions are disabled on this runtime; an operator enables them with "
-                "PARLEY_CUSTOM_ACTIONS_CODE=true"
-            )
-        return None
-
-    async def run(
-        self,
-        definition: CustomActionDef,
-        params: Mapping[str, object],
-        setting: Callable[[str], object | None] | None = None,
-    ) -> TestResult:
-        """``setting``: the agent's settings, for ``{{secret:NAME}}``; their values never reach the
-        output (redacted, like literal credential headers)."""
-        refusal = self.disabled(definition)
-        if refusal is not None:
-            return TestResult(False, refusal)
-        handler = definition.handler
-        limit = self.settings.output_chars
-        # A planner's parameter named like a reference must not stand in for the agent's secret.
-        values = {k: v for k, v in params.items() if not k.startswith(SECRET_PREFIX)}
-        hidden = definition.header_secrets()
-        for name in definition.secret_refs():
-            value = setting(name) if setting is not None else None
-            if value is None:
-                return TestResult(
-                    False,
-                    f"the secret {name} is not set for this agent (its character's secrets or settings)",
-                )
-            values[SECRET_PREFIX + name] = value
-            hidden.append(value if isinstance(value, str) else str(value))
-        if isinstance(handler, HttpHandler):
-            outcome = await run_http(
-                handler, values, self.guard, timeout=self.settings.http_timeout, limit=limit
-            )
-            ok, output = outcome.ok, outcome.output
-        elif isinstance(handler, ShellHandler):
-            try:
-                ok, output = _process(await run_shell(handler, params, limit=limit), handler.timeout_seconds)
-            except CommandNotFound as exc:
-                ok, output = False, str(exc)
-            except UnicodeError:  # a lone surrogate cannot be an argument
-                ok, output = False, "a value cannot be passed to the command: it is not valid text"
-        else:
-            assert isinstance(handler, CodeHandler)
-            ok, output = _process(await run_code(handler, params, limit=limit), handler.timeout_seconds)
-        return TestResult(ok, Redactor(hidden).redact(output))
-
-    async def test(
-        self,
-        definition: CustomActionDef,
-        raw: Mapping[str, object],
-        setting: Callable[[str], object | None] | None = None,
-    ) -> TestResult:
-        """Run a definition once without registering it, its parameters checked like a turn's."""
-        action = to_action(definition, self)
-        params = coerce_params(action, raw)
-        missing = missing_required(action, params)
-        if missing:
-            return TestResult(False, f"missing: [{', '.join(missing)}]")
-        errors = schema_errors(action, params)
-        if errors:
-            return TestResult(False, "; ".join(errors))
-        return await self.run(definition, params, setting)
-
-
-def _process(outcome: ProcessOutcome, timeout: float) -> tuple[bool, str]:
-    if outcome.timed_out:
-        return False, f"timed out after {timeout:g}s" + (f": {outcome.output}" if outcome.output else "")
-    if outcome.returncode != 0:
-        return False, f"exit status {outcome.returncode}: {outcome.output}"
-    return True, outcome.output
+async def try_definition(
+    executor: Executor,
+    definition: CustomActionDef,
+    raw: Mapping[str, object],
+    setting: Callable[[str], object | None] | None = None,
+) -> TestResult:
+    """Run a definition once without registering it, its parameters checked like a turn's."""
+    action = to_action(definition, executor)
+    params = coerce_params(action, raw)
+    missing = missing_required(action, params)
+    if missing:
+        return TestResult(False, f"missing: [{', '.join(missing)}]")
+    problems = schema_errors(action, params)
+    if problems:
+        return TestResult(False, "; ".join(problems))
+    return await executor.run(definition, params, setting)
 
 
 def to_action(definition: CustomActionDef, executor: Executor) -> Action:
@@ -185,20 +84,9 @@ def to_action(definition: CustomActionDef, executor: Executor) -> Action:
         parameters=tuple(
             Parameter(p.name, p.description, p.required, dict(p.json_schema)) for p in definition.parameters
         ),
-        tags=frozenset({"custom", f"capability:{definition.handler.type}"}),
+        tags=frozenset({Tag.CUSTOM}),
+        capabilities=frozenset({definition.handler.type}),
     )
-
-
-def load_config_file(path: Path) -> list[CustomActionDef]:
-    try:
-        text = path.read_text()
-        data = yaml.safe_load(text)  # JSON is YAML too
-    except (OSError, yaml.YAMLError) as exc:
-        raise InvalidArgument(
-            f"{path.name}: cannot read the custom actions file ({type(exc).__name__})",
-            code="CUSTOM_ACTION_INVALID",
-        ) from None
-    return parse_definitions(data, path.name)
 
 
 class CustomActionRegistry:
@@ -298,23 +186,21 @@ class CustomActionRegistry:
             a.name: p.name for p in agent.catalog.plugins if p.name != PLUGIN_NAME for a in p.actions
         }
         if definition.name in plugin_actions:
-            raise InvalidArgument(
-                f"name: {definition.name} is an action of the plugin {plugin_actions[definition.name]}",
-                code="CUSTOM_ACTION_NAME_TAKEN",
+            raise errors.CUSTOM_ACTION_NAME_TAKEN(
+                f"name: {definition.name} is an action of the plugin {plugin_actions[definition.name]}"
             )
         for listed in self.definitions(agent):
             if listed.source == "api":
                 continue
             for key in ("id", "name"):
                 if getattr(listed.definition, key) == getattr(definition, key):
-                    raise InvalidArgument(
+                    raise errors.CUSTOM_ACTION_NAME_TAKEN(
                         f"{key}: {getattr(definition, key)} is already defined by the {listed.source}",
-                        code="CUSTOM_ACTION_NAME_TAKEN",
                         hint="the character and the config file are changed where they are written",
                     )
         refusal = self.executor.disabled(definition)
         if refusal is not None:
-            raise FailedPrecondition(f"handler.type: {refusal}", code="CUSTOM_ACTION_HANDLER_DISABLED")
+            raise errors.CUSTOM_ACTION_HANDLER_DISABLED(f"handler.type: {refusal}")
         stored, _ = await self.store.upsert(agent.id, definition)
         await self.refresh(agent.id)
         return Listed(stored.definition, "api")
@@ -329,9 +215,7 @@ class CustomActionRegistry:
                 if others
                 else "list them with `parley actions list`"
             )
-            raise NotFound(
-                f"no custom action {action_id[:128]!r} registered through the API",
-                code="CUSTOM_ACTION_NOT_FOUND",
-                hint=hint,
+            raise errors.CUSTOM_ACTION_NOT_FOUND(
+                f"no custom action {action_id[:128]!r} registered through the API", hint=hint
             )
         await self.refresh(agent.id)

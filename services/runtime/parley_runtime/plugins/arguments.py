@@ -1,7 +1,6 @@
-"""The action catalog and everything between a planned action and its handler:
-lookup by name or simile, parameter coercion and JSON-schema validation,
-``resolve_action_args`` (one extraction call when required parameters are
-missing) and sub-action dispatch."""
+"""Between a planned action and its handler: parameter aliases and coercion, JSON-schema
+validation, and ``resolve_action_args`` (one extraction call when required parameters are
+missing)."""
 
 from __future__ import annotations
 
@@ -9,90 +8,16 @@ import contextlib
 import json
 import math
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from parley_platform.errors import InvalidArgument
+from ..sdk import Action, Parameter
 
-from .context import TurnContext
-from .plugin import Action, Evaluator, Parameter, Plugin, Provider
-
-SUBACTION_KEYS = ("action", "subaction", "op", "operation", "verb")
 CONFIDENCE_FLOOR = 0.5
 EXTRACTION_HISTORY_LINES = 8
-H = TypeVar("H")
-
-
-class Catalog:
-    """Every action, provider and evaluator of an agent's plugins."""
-
-    def __init__(self, plugins: Iterable[Plugin]) -> None:
-        self.plugins = list(plugins)
-        self.actions: dict[str, Action] = {}
-        self._by_alias: dict[str, Action] = {}
-        providers: dict[str, Provider] = {}
-        self.evaluators: list[Evaluator] = []
-        for plugin in self.plugins:
-            for action in plugin.actions:
-                if action.name in self.actions:
-                    raise InvalidArgument(
-                        f"action {action.name} is defined by two plugins", code="PLUGIN_CONFLICT"
-                    )
-                self.actions[action.name] = action
-            for provider in plugin.providers:
-                providers[provider.name] = provider
-            self.evaluators.extend(plugin.evaluators)
-        for action in self.actions.values():
-            self._by_alias[action.name.lower()] = action
-        for action in self.actions.values():
-            for simile in action.similes:
-                self._by_alias.setdefault(simile.lower(), action)
-        self.providers = sorted(providers.values(), key=lambda p: (p.position, p.name))
-
-    def find(self, name: str) -> Action | None:
-        return self._by_alias.get(name.strip().lower())
-
-    def provider(self, name: str) -> Provider | None:
-        wanted = name.strip().upper()
-        return next((p for p in self.providers if p.name.upper() == wanted), None)
-
-    async def available(self, ctx: TurnContext) -> list[Action]:
-        """The actions this actor may use now: private ones on autonomous turns, role gates, validate()."""
-        found = []
-        for action in self.actions.values():
-            if permission_error(action, ctx) is None and (
-                action.validate is None or await action.validate(ctx)
-            ):
-                found.append(action)
-        return found
-
-
-def permission_error(action: Action, ctx: TurnContext) -> str | None:
-    if action.private and not ctx.is_autonomous:
-        return f"{action.name} is private: only autonomous turns may use it"
-    if action.roles is not None and ctx.role not in action.roles:
-        return f"{action.name} needs the role {' or '.join(sorted(action.roles))}; the sender is {ctx.role}"
-    return None
-
-
-def describe(actions: Sequence[Action]) -> str:
-    """The action catalog as the model sees it."""
-    lines = []
-    for action in sorted(actions, key=lambda a: a.name):
-        line = f"- {action.name}: {action.description}"
-        if action.similes:
-            line += f" (also: {', '.join(action.similes)})"
-        if action.parameters:
-            params = ", ".join(
-                f"{p.name}{'' if p.required else '?'}: {p.schema.get('type', 'string')}"
-                for p in action.parameters
-            )
-            line += f" params: {params}"
-        lines.append(line)
-    return "\n".join(lines)
 
 
 def _parameter_of(action: Action, key: str) -> Parameter | None:
@@ -165,14 +90,14 @@ def parse_confidence(value: object) -> float | None:
     return min(1.0, max(0.0, float(value)))
 
 
-_JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
+JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
 
 
-def _json_object(text: str) -> dict[str, Any] | None:
+def json_object(text: str) -> dict[str, Any] | None:
     candidate = text.strip()
     if candidate.startswith("```"):
         candidate = candidate.strip("`").removeprefix("json").strip()
-    for attempt in (candidate, *(m.group(0) for m in _JSON_OBJECT.finditer(candidate))):
+    for attempt in (candidate, *(m.group(0) for m in JSON_OBJECT.finditer(candidate))):
         try:
             value = json.loads(attempt)
         except ValueError:
@@ -214,14 +139,14 @@ async def resolve_action_args(
     prompt = extraction_prompt(action, intent, recent, missing)
     answer = await extract(prompt)
     calls = 1
-    extracted = _json_object(answer)
+    extracted = json_object(answer)
     if extracted is None:
         answer = await extract(
             prompt + f"\n\nYour previous answer was not a JSON object:\n{answer[:500]}\n"
             "Answer again with the JSON object only."
         )
         calls = 2
-        extracted = _json_object(answer) or {}
+        extracted = json_object(answer) or {}
     confidence = parse_confidence(extracted.pop("confidence", None))
     merged = {
         **coerce_params(action, extracted),
@@ -235,24 +160,3 @@ async def resolve_action_args(
             f"Could you tell me {', '.join(still_missing or missing)}?"
         )
     return Resolution(merged, still_missing, clarification, confidence, calls)
-
-
-class UnknownSubaction(InvalidArgument):
-    default_code = "UNKNOWN_SUBACTION"
-
-
-def normalise_subaction(value: str) -> str:
-    snake = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", value.strip())
-    return re.sub(r"[^a-z0-9]+", "_", snake.lower()).strip("_")
-
-
-def dispatch_subaction(params: Mapping[str, Any], handlers: Mapping[str, H]) -> tuple[str, H]:
-    """Pick a sub-action by the first dispatch key present (action, subaction, op, operation, verb)."""
-    for key in SUBACTION_KEYS:
-        value = params.get(key)
-        if isinstance(value, str) and value.strip():
-            name = normalise_subaction(value)
-            if name in handlers:
-                return name, handlers[name]
-            raise UnknownSubaction(f"unknown sub-action {name!r}; known: {', '.join(sorted(handlers))}")
-    raise UnknownSubaction(f"no sub-action given (one of {', '.join(SUBACTION_KEYS)})")

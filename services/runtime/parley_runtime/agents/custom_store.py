@@ -12,8 +12,9 @@ from parley_platform.errors import Conflict, InvalidArgument
 from parley_platform.logging import get_logger
 from parley_platform.postgres import Database, load_queries
 
+from .. import errors
+from ..custom.definitions import CustomActionDef, parse_definition
 from ..store import SQL_DIR
-from .definitions import CustomActionDef, parse_definition
 
 Q = load_queries(SQL_DIR / "queries.sql")
 log = get_logger(__name__)
@@ -47,10 +48,8 @@ class CustomActionStore:
         except Conflict as exc:
             if exc.code != "ALREADY_EXISTS":
                 raise
-            raise InvalidArgument(
-                f"name: {definition.name} is already the name of another custom action of this agent",
-                code="CUSTOM_ACTION_NAME_TAKEN",
-                hint="remove that one first, or add this one under the other's id to replace it",
+            raise errors.CUSTOM_ACTION_NAME_TAKEN(
+                f"name: {definition.name} is already the name of another custom action of this agent"
             ) from None
         assert row is not None
         return _stored(row), int(row["revision"])

@@ -3,26 +3,16 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
-
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from parley.v1 import actions_pb2
-from parley_platform.errors import InvalidArgument, NotFound
+from parley_platform.convert import timestamp
 
-from ..agents import AgentDirectory, AgentInfo
-from .definitions import parse_definition_text
-from .registry import CustomActionRegistry, Listed
+from .. import errors
+from ..custom.definitions import parse_definition_text
+from .custom_actions import CustomActionRegistry, Listed, try_definition
+from .directory import AgentDirectory, AgentInfo
 
 MAX_PARAMS_CHARS = 256_000
-
-
-def _ts(value: datetime | None) -> Timestamp | None:
-    if value is None:
-        return None
-    ts = Timestamp()
-    ts.FromDatetime(value)
-    return ts
 
 
 def _message(agent: AgentInfo, listed: Listed) -> actions_pb2.CustomAction:
@@ -37,8 +27,8 @@ def _message(agent: AgentInfo, listed: Listed) -> actions_pb2.CustomAction:
         enabled=d.enabled,
         source=listed.source,
         definition_json=json.dumps(d.public_document(), sort_keys=True),
-        created_at=_ts(d.created_at),
-        updated_at=_ts(d.updated_at),
+        created_at=timestamp(d.created_at),
+        updated_at=timestamp(d.updated_at),
     )
 
 
@@ -48,13 +38,7 @@ class CustomActionsApi:
         self.registry = registry
 
     async def _agent(self, ref: str) -> AgentInfo:
-        if not ref:
-            raise InvalidArgument("agent_id is required (an agent id or name)", code="AGENT_REQUIRED")
-        agent = await self.directory.find(ref)
-        if agent is None:
-            raise NotFound(
-                f"no agent {ref[:100]!r}", code="AGENT_NOT_FOUND", hint="list them with `parley agents`"
-            )
+        agent = await self.directory.require(ref)
         return await self.registry.refresh(agent.id) or agent
 
     async def AddCustomAction(self, request: actions_pb2.AddCustomActionRequest) -> actions_pb2.CustomAction:
@@ -74,7 +58,7 @@ class CustomActionsApi:
     ) -> actions_pb2.TestCustomActionResponse:
         params = _params(request.params_json)
         if request.definition.strip() and request.id:
-            raise InvalidArgument("give either definition or id, not both", code="DEFINITION_OR_ID")
+            raise errors.DEFINITION_OR_ID("give either definition or id, not both")
         if request.definition.strip():
             definition = parse_definition_text(request.definition, "definition")
             agent = await self._agent(request.agent_id) if request.agent_id else None
@@ -82,19 +66,16 @@ class CustomActionsApi:
             agent = await self._agent(request.agent_id)
             found = [d.definition for d in self.registry.definitions(agent) if d.definition.id == request.id]
             if not found:
-                raise NotFound(
-                    f"id: agent {agent.character.name!r} has no custom action {request.id[:128]!r}",
-                    code="CUSTOM_ACTION_NOT_FOUND",
-                    hint="list them with `parley actions list`",
+                raise errors.CUSTOM_ACTION_NOT_FOUND(
+                    f"id: agent {agent.character.name!r} has no custom action {request.id[:128]!r}"
                 )
             definition = found[0]
         else:
-            raise InvalidArgument(
-                "definition or id is required (a definition to run, or a registered action's id)",
-                code="DEFINITION_REQUIRED",
+            raise errors.DEFINITION_REQUIRED(
+                "definition or id is required (a definition to run, or a registered action's id)"
             )
-        result = await self.registry.executor.test(
-            definition, params, agent.setting if agent is not None else None
+        result = await try_definition(
+            self.registry.executor, definition, params, agent.setting if agent is not None else None
         )
         output = agent.redactor.redact(result.output) if agent is not None else result.output
         return actions_pb2.TestCustomActionResponse(ok=result.ok, output=output)
@@ -104,7 +85,7 @@ class CustomActionsApi:
     ) -> actions_pb2.RemoveCustomActionResponse:
         agent = await self._agent(request.agent_id)
         if not request.id:
-            raise InvalidArgument("id is required (the custom action's id)", code="ID_REQUIRED")
+            raise errors.ID_REQUIRED("id is required (the custom action's id)")
         await self.registry.remove(agent, request.id)
         return actions_pb2.RemoveCustomActionResponse()
 
@@ -113,11 +94,11 @@ def _params(text: str) -> dict[str, object]:
     if not text.strip():
         return {}
     if len(text) > MAX_PARAMS_CHARS:
-        raise InvalidArgument("params_json is over 256 kB", code="PARAMS_TOO_LARGE")
+        raise errors.PARAMS_TOO_LARGE("params_json is over 256 kB")
     try:
         value = json.loads(text)
     except ValueError:
-        raise InvalidArgument("params_json is not valid JSON", code="PARAMS_INVALID") from None
+        raise errors.PARAMS_INVALID("params_json is not valid JSON") from None
     if not isinstance(value, dict):
-        raise InvalidArgument("params_json must be a JSON object", code="PARAMS_INVALID")
+        raise errors.PARAMS_INVALID("params_json must be a JSON object")
     return value

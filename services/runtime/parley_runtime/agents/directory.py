@@ -5,19 +5,19 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from parley_clients.pairing import dm_policy
 
-from .actions import Catalog
-from .agent_settings import get_setting, setting_bool
-from .basic import basic_capabilities
-from .character import Character, parse_character
-from .plugin import Plugin, discover_plugins, resolve_plugins
-from .secrets import Redactor, SecretBox
-from .store import RuntimeStore
-
-BUILTIN_PLUGINS: dict[str, Plugin] = {"basic_capabilities": basic_capabilities}
+from .. import errors
+from ..agent_settings import get_setting, setting_bool
+from ..character import Character, parse_character
+from ..plugins.builtin import BUILTIN_PLUGINS
+from ..plugins.catalog import Catalog
+from ..plugins.loading import discover_plugins, resolve_plugins
+from ..records import StoredAgent
+from ..sdk import Plugin
+from ..secrets import Redactor, SecretBox
+from ..store import RuntimeStore
 
 
 @dataclass
@@ -63,12 +63,11 @@ def plugins_for(character: Character) -> list[Plugin]:
     return resolve_plugins(refs, builtins=BUILTIN_PLUGINS, installed=_installed)
 
 
-def agent_from_row(
-    row: Mapping[str, Any], secrets: Mapping[str, str], host_settings: Mapping[str, object]
+def agent_from_record(
+    stored: StoredAgent, secrets: Mapping[str, str], host_settings: Mapping[str, object]
 ) -> AgentInfo:
-
-    character = parse_character({**row["character"], "secrets": dict(secrets)}, f"agent {row['name']}")
-    return AgentInfo(row["id"], character, enabled=row["enabled"], host_settings=host_settings)
+    character = parse_character({**stored.character, "secrets": dict(secrets)}, f"agent {stored.name}")
+    return AgentInfo(stored.id, character, enabled=stored.enabled, host_settings=host_settings)
 
 
 class AgentDirectory:
@@ -86,9 +85,20 @@ class AgentDirectory:
         self.host_settings = host_settings
         self.agents: dict[str, AgentInfo] = {}
         self._announce: Callable[[str], Awaitable[None]] | None = None
+        self._loaded: list[Callable[[AgentInfo], Awaitable[None]]] = []
 
     def connect(self, announce: Callable[[str], Awaitable[None]]) -> None:
         self._announce = announce
+
+    def on_loaded(self, listener: Callable[[AgentInfo], Awaitable[None]]) -> None:
+        """Called with every agent this replica loads or reloads from now on."""
+        self._loaded.append(listener)
+
+    async def _serve(self, agent: AgentInfo) -> AgentInfo:
+        self.agents[str(agent.id)] = agent
+        for listener in self._loaded:
+            await listener(agent)
+        return agent
 
     def get(self, ref: str) -> AgentInfo | None:
         agent = self.agents.get(ref)
@@ -99,6 +109,15 @@ class AgentDirectory:
     async def find(self, ref: str) -> AgentInfo | None:
         """By id or name, from memory, else from the database."""
         return self.get(ref) or await self.reload(ref)
+
+    async def require(self, ref: str) -> AgentInfo:
+        """The agent a request names (by id or name), or the error that says it does not exist."""
+        if not ref:
+            raise errors.AGENT_REQUIRED("agent_id is required (an agent id or name)")
+        agent = await self.find(ref)
+        if agent is None:
+            raise errors.AGENT_NOT_FOUND(f"no agent {ref[:100]!r}")
+        return agent
 
     async def save(self, character: Character) -> AgentInfo:
         """Validate (plugins included), store with secrets encrypted, serve, and tell the other replicas."""
@@ -115,7 +134,7 @@ class AgentDirectory:
                 for name, value in character.secrets.items()
             },
         )
-        self.agents[str(character.agent_id)] = agent
+        await self._serve(agent)
         await self._changed(str(character.agent_id))
         return agent
 
@@ -130,16 +149,14 @@ class AgentDirectory:
             agent_id: uuid.UUID | None = uuid.UUID(ref)
         except ValueError:
             agent_id = None
-        row = await self.store.get_agent(agent_id, None if agent_id else ref)
-        if row is None:
+        stored = await self.store.get_agent(agent_id, None if agent_id else ref)
+        if stored is None:
             return None
         secrets = {
-            r["name"]: self.box.decrypt(r["ciphertext"], name=self._secret_name(row["id"], r["name"]))
-            for r in await self.store.list_secrets(row["id"])
+            name: self.box.decrypt(ciphertext, name=self._secret_name(stored.id, name))
+            for name, ciphertext in (await self.store.list_secrets(stored.id)).items()
         }
-        agent = agent_from_row(row, secrets, self.host_settings)
-        self.agents[str(agent.id)] = agent
-        return agent
+        return await self._serve(agent_from_record(stored, secrets, self.host_settings))
 
     async def on_changed(self, agent_id: str) -> None:
         await self.reload(agent_id)

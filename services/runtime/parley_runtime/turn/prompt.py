@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .character import Character
-from .context import State
+from ..character import Character
+from ..sdk import State
 
 OUTPUT_FORMAT = """# Output format
 Answer with exactly one XML block and nothing else:

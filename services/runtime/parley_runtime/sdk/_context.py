@@ -1,4 +1,5 @@
-"""What actions, providers and evaluators see of a turn."""
+"""What actions, providers and evaluators see of a turn: ``TurnContext``, and through it the
+runtime services a handler may ask for (``RuntimeServices``)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from .character import Character
-from .parser import ParsedResponse
+from ..character import Character
+from ..parser import ParsedResponse
 
 
 @dataclass(frozen=True)
@@ -26,10 +27,9 @@ class MessageView:
     in_reply_to: str = ""
     attachments: Sequence[Mapping[str, str]] = ()
     metadata: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def is_autonomous(self) -> bool:
-        return self.metadata.get("is_autonomous", "").lower() in ("1", "true", "yes")
+    # Started by the runtime itself, not by a person: decided by the runtime, never by a field a
+    # connector sends.
+    autonomous: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,4 +137,4 @@ class TurnContext:
 
     @property
     def is_autonomous(self) -> bool:
-        return self.message.is_autonomous
+        return self.message.autonomous

@@ -1,0 +1,1 @@
+"""Plugins: finding and checking them, an agent's catalog, and the built-in ones."""

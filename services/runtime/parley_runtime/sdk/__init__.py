@@ -1,0 +1,64 @@
+"""The plugin SDK: everything a plugin imports from Parley.
+
+A plugin is a ``Plugin`` of actions, providers, evaluators and services. Handlers get a
+``TurnContext``: the message, the room, the sender's role, what the providers found, the results
+of earlier actions, and ``ctx.services`` for what they may ask of the runtime (memories,
+documents, the model, settings). They never see protobuf, SQL or NATS.
+"""
+
+from ._context import (
+    HistoryLine,
+    KnowledgeHit,
+    MemoryHit,
+    MessageView,
+    Participant,
+    PendingCall,
+    RuntimeServices,
+    State,
+    TurnContext,
+)
+from ._plugin import (
+    Action,
+    ActionHandler,
+    ActionResult,
+    Callback,
+    Content,
+    Evaluator,
+    Parameter,
+    Plugin,
+    Provider,
+    ProviderResult,
+    Service,
+    Tag,
+    Validator,
+)
+from ._subactions import SUBACTION_KEYS, UnknownSubaction, dispatch_subaction, normalise_subaction
+
+__all__ = [
+    "SUBACTION_KEYS",
+    "Action",
+    "ActionHandler",
+    "ActionResult",
+    "Callback",
+    "Content",
+    "Evaluator",
+    "HistoryLine",
+    "KnowledgeHit",
+    "MemoryHit",
+    "MessageView",
+    "Parameter",
+    "Participant",
+    "PendingCall",
+    "Plugin",
+    "Provider",
+    "ProviderResult",
+    "RuntimeServices",
+    "Service",
+    "State",
+    "Tag",
+    "TurnContext",
+    "UnknownSubaction",
+    "Validator",
+    "dispatch_subaction",
+    "normalise_subaction",
+]

@@ -1,0 +1,133 @@
+"""``RuntimeServices`` for one turn: what actions, providers and evaluators may ask of the runtime,
+scoped to the turn's agent, room and sender; and building the ``TurnContext`` they see."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ..agents.directory import AgentInfo
+from ..documents.domain import Requester
+from ..documents.store import DocumentStore
+from ..names import PRIVATE_ROOMS
+from ..plugins.catalog import describe
+from ..sdk import HistoryLine, KnowledgeHit, MemoryHit, Participant, PendingCall, TurnContext
+from ..store import RuntimeStore
+from .approvals import Approvals
+from .inbound import Inbound
+from .ports import Model
+from .prompt import Segment
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What every turn's services draw on."""
+
+    store: RuntimeStore
+    documents: DocumentStore
+    model: Model
+    approvals: Approvals
+
+
+class TurnServices:
+    def __init__(self, resources: Resources, agent: AgentInfo, message: Inbound) -> None:
+        self.r = resources
+        self.agent = agent
+        self.message = message
+        self.ctx: TurnContext | None = None  # set by ``context``, which builds both
+
+    def _context(self) -> TurnContext:
+        assert self.ctx is not None
+        return self.ctx
+
+    async def set_room_state(self, state: str | None, *, mute_until: datetime | None = None) -> None:
+        await self.r.store.set_room_state(self.agent.id, self.message.room_id, state, mute_until)
+
+    async def search_memories(self, text: str, *, kind: str = "facts", limit: int = 5) -> list[MemoryHit]:
+        if not await self.r.store.has_memories(self.agent.id, kind):
+            return []
+        [vector] = await self.r.model.embed([text], self.agent.id)
+        found = await self.r.store.search_memories(self.agent.id, vector, kind=kind, limit=limit)
+        return [MemoryHit(str(m.id), m.kind, m.text, m.similarity, m.created_at) for m in found]
+
+    async def remember(self, kind: str, text: str, *, metadata: Mapping[str, Any] | None = None) -> uuid.UUID:
+        room_id = self.message.room_id
+        memory_id = uuid.uuid5(self.agent.id, f"{kind}:{room_id}:{text}")
+        [vector] = await self.r.model.embed([text], self.agent.id)
+        await self.r.store.remember(
+            agent_id=self.agent.id,
+            memory_id=memory_id,
+            kind=kind,
+            text=text,
+            room_id=room_id,
+            entity_id=self.message.sender_id,
+            source=self.message.source,
+            embedding=vector,
+            metadata=dict(metadata or {}),
+        )
+        return memory_id
+
+    async def generate(self, prompt: str, *, small: bool = False, structured: bool = False) -> str:
+        return await self.r.model.generate(
+            self.agent.id, [Segment(prompt, stable=False)], small=small, structured=structured
+        )
+
+    def get_setting(self, key: str) -> object | None:
+        return self.agent.setting(key)
+
+    async def action_catalog(self) -> str:
+        return describe(await self.agent.catalog.available(self._context()))
+
+    async def search_documents(self, text: str, *, limit: int = 5) -> list[KnowledgeHit]:
+        documents = self.r.documents
+        if not text.strip() or not await documents.has_documents(self.agent.id):
+            return []
+        [vector] = await self.r.model.embed([text], self.agent.id)
+        # As the sender: the rules of their roles apply inside the search's SQL. In a room of one
+        # person with the agent, that is everything they may read; in a shared room only the room's
+        # global documents, so nothing private to one participant is quoted to the others.
+        private = self.message.room_type in PRIVATE_ROOMS and not self.message.autonomous
+        found = await documents.search(
+            self.agent.id,
+            Requester(self.message.sender_id),
+            vector,
+            limit,
+            room_id=None if private else self.message.room_id,
+            scopes=None if private else ("global",),
+        )
+        return [KnowledgeHit(str(f.document_id), f.title, f.position, f.text, f.similarity) for f in found]
+
+    async def pending_confirmations(self) -> list[PendingCall]:
+        return await self.r.approvals.pending(self.agent, self.message.room_id)
+
+    async def decide_confirmation(self, tool_call_id: str, *, approve: bool, reason: str = "") -> str:
+        return await self.r.approvals.decide(
+            self.agent, tool_call_id, approve=approve, reason=reason, decided_by=str(self.message.sender_id)
+        )
+
+
+def context(
+    resources: Resources,
+    agent: AgentInfo,
+    message: Inbound,
+    *,
+    role: str,
+    history: Sequence[HistoryLine] = (),
+    participants: Sequence[Participant] = (),
+) -> TurnContext:
+    """What handlers see of the turn of ``message``; also rebuilt to run a confirmed action."""
+    services = TurnServices(resources, agent, message)
+    ctx = TurnContext(
+        agent_id=agent.id,
+        character=agent.character,
+        message=message.view(),
+        role=role,
+        history=history,
+        participants=participants,
+        services=services,
+    )
+    services.ctx = ctx
+    return ctx

@@ -1,0 +1,106 @@
+"""after-reply: the message and reply embeddings and the evaluators, in the background once the
+reply is delivered; they never delay or fail a turn."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Coroutine
+from typing import Any
+
+from parley_platform.errors import ParleyError
+from parley_platform.logging import get_logger
+
+from ... import ids
+from ...store import RuntimeStore
+from ..pipeline import Stage, Stop
+from ..ports import Model
+from ..state import Turn
+
+log = get_logger(__name__)
+
+
+class Background:
+    """The background work of the turns of this replica, awaited (within a timeout) at shutdown."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self, timeout: float) -> None:
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout)
+
+
+class AfterReply(Stage):
+    name = "after_reply"
+    closing = True
+
+    def __init__(
+        self,
+        store: RuntimeStore,
+        model: Model,
+        background: Background,
+        *,
+        embed_messages: bool,
+        trajectory_logging: bool,
+    ) -> None:
+        self.store = store
+        self.model = model
+        self.background = background
+        self.embed_messages = embed_messages
+        self.trajectory_logging = trajectory_logging
+
+    async def run(self, turn: Turn) -> Stop | None:
+        if turn.outcome in ("replied", "ignored"):
+            self.background.spawn(self.after(turn))
+        return None
+
+    async def after(self, turn: Turn) -> None:
+        if self.embed_messages:
+            await self._embed(turn)
+        if turn.agent.catalog.evaluators:
+            await self._evaluate(turn)
+
+    async def _embed(self, turn: Turn) -> None:
+        memories = [(turn.id, turn.message.text)] + [
+            (ids.response_id(turn.id, i), r.text) for i, r in enumerate(turn.replies)
+        ]
+        memories = [(memory_id, text) for memory_id, text in memories if text.strip()]
+        if not memories:
+            return
+        try:
+            vectors = await self.model.embed([text for _, text in memories], turn.agent.id)
+            for (memory_id, _), vector in zip(memories, vectors, strict=True):
+                await self.store.set_embedding(turn.agent.id, memory_id, vector)
+        except ParleyError as exc:
+            log.warning(
+                "message embeddings failed", agent_id=str(turn.agent.id), turn_id=str(turn.id), error=str(exc)
+            )
+
+    async def _evaluate(self, turn: Turn) -> None:
+        agent = turn.agent
+        results = {}
+        for evaluator in agent.catalog.evaluators:
+            try:
+                if evaluator.validate is not None and not await evaluator.validate(turn.ctx):
+                    continue
+                result = await evaluator.handler(turn.ctx)
+                results[evaluator.name] = result.to_json() if result else None
+            except Exception as exc:
+                log.warning(
+                    "evaluator failed",
+                    evaluator=evaluator.name,
+                    agent_id=str(agent.id),
+                    error=agent.redactor.redact(f"{type(exc).__name__}: {exc}"),
+                )
+                results[evaluator.name] = {"success": False, "error": f"{type(exc).__name__}"}
+        if self.trajectory_logging and results:
+            with contextlib.suppress(ParleyError):
+                await self.store.add_trajectory(
+                    agent.id, turn.id, agent.redactor.redact_obj({"evaluators": results})
+                )

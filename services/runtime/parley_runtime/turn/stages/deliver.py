@@ -1,0 +1,89 @@
+"""deliver: the replies are stored (only while the turn still holds the room's lease), then
+published to the connector; a turn that lost the room to a newer message is superseded and says
+nothing. The inbound message is acked after this, so a reply is durable before its message is."""
+
+from __future__ import annotations
+
+from parley_platform.logging import get_logger
+
+from ... import ids
+from ...store import RuntimeStore
+from ..pipeline import Stage, Stop
+from ..ports import Events, Outbox
+from ..reply import Reply
+from ..state import Turn, TurnMetrics
+
+log = get_logger(__name__)
+
+
+def replies_of(turn: Turn) -> list[Reply]:
+    message = turn.message.proto
+    return [
+        Reply.of(
+            ids.response_id(turn.id, index),
+            content,
+            source=message.source,
+            channel_id=message.channel_id,
+            in_reply_to=message.message_id,
+        ).redacted(turn.agent.redactor.redact)
+        for index, content in enumerate(turn.replies)
+    ]
+
+
+class Deliver(Stage):
+    name = "deliver"
+    closing = True
+
+    def __init__(
+        self,
+        store: RuntimeStore,
+        outbox: Outbox,
+        events: Events,
+        metrics: TurnMetrics,
+        *,
+        trajectory_logging: bool,
+    ) -> None:
+        self.store = store
+        self.outbox = outbox
+        self.events = events
+        self.metrics = metrics
+        self.trajectory_logging = trajectory_logging
+
+    async def run(self, turn: Turn) -> Stop | None:
+        turn.outcome = await self._deliver(turn)
+        return None
+
+    async def _deliver(self, turn: Turn) -> str:
+        agent = turn.agent
+        if not turn.replies:
+            await self.store.finish_turn(
+                agent.id,
+                turn.id,
+                "ignored",
+                lease_token=turn.lease_token,
+                reason="no_reply",
+                trajectory=turn.recorded(self.trajectory_logging),
+            )
+            return "ignored"
+        replies = replies_of(turn)
+        state = await self.store.save_replies(
+            agent_id=agent.id,
+            room_id=turn.room_id,
+            turn_id=turn.id,
+            lease_token=turn.lease_token,
+            replies=[(r.id, r.content()) for r in replies],
+            source=turn.source,
+            trajectory=turn.recorded(self.trajectory_logging),
+            keep=agent.flag("BASIC_CAPABILITIES_KEEP_RESP"),
+        )
+        if state is None:
+            log.info("turn taken over by a copy of its message", agent_id=str(agent.id), turn_id=str(turn.id))
+            return "duplicate"
+        if state == "superseded":
+            self.metrics.superseded.inc()
+            log.info("reply discarded: a newer message arrived", agent_id=str(agent.id), turn_id=str(turn.id))
+            return "superseded"
+        for reply in replies:
+            await self.outbox.publish(agent.id, turn.room_id, reply)
+            await self.events.emit(agent, "MESSAGE_SENT", turn.id, turn.room_id, response_id=str(reply.id))
+        return "replied"

@@ -1,0 +1,103 @@
+"""A turn in progress: what it accumulates as its stages run, its settings and its metrics."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from parley_platform.consumer import Delivery
+from parley_platform.metrics import LATENCY_BUCKETS
+
+from ..agents.directory import AgentInfo
+from ..records import Ingested
+from ..sdk import Action, Content, TurnContext
+from .inbound import Inbound
+
+
+@dataclass(frozen=True)
+class TurnSettings:
+    max_text_bytes: int
+    max_deliver: int
+    model_timeout: float
+    history: int
+    provider_timeout: float
+    trajectory_logging: bool
+    embed_messages: bool = True
+
+
+class TurnMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.turns = Counter("parley_turns_total", "Turns by outcome", ["outcome"], registry=registry)
+        self.duration = Histogram(
+            "parley_turn_duration_seconds",
+            "Inbound message to ack",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.stage = Histogram(
+            "parley_turn_stage_duration_seconds",
+            "Time per turn stage",
+            ["stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.dead = Counter(
+            "parley_inbound_dead_total", "Inbound messages dead-lettered", ["reason"], registry=registry
+        )
+        self.superseded = Counter(
+            "parley_turns_superseded_total", "Turns superseded by a newer message", registry=registry
+        )
+        self.actions = Counter(
+            "parley_actions_total", "Actions run", ["action", "outcome"], registry=registry
+        )
+        self.providers_failed = Counter(
+            "parley_providers_failed_total",
+            "Providers that failed or timed out",
+            ["provider"],
+            registry=registry,
+        )
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """An action the turn planned that waits for a person's confirmation instead of running."""
+
+    index: int  # the action's position in the turn's plan
+    action: Action
+    params: dict[str, Any]
+
+
+@dataclass
+class Turn:
+    """Everything one turn accumulates; also what trajectory logging records."""
+
+    agent: AgentInfo
+    message: Inbound
+    ctx: TurnContext
+    lease_token: int
+    ingested: Ingested
+    delivery: Delivery | None = None
+    replies: list[Content] = field(default_factory=list)
+    proposals: list[Proposal] = field(default_factory=list)
+    trajectory: dict[str, Any] = field(default_factory=dict)
+    raw_output: str = ""  # the model's last answer, as it came
+    outcome: str | None = None  # set by the stage that decides it (deliver)
+
+    @property
+    def id(self) -> uuid.UUID:
+        return self.message.turn_id
+
+    @property
+    def room_id(self) -> uuid.UUID:
+        return self.message.room_id
+
+    @property
+    def source(self) -> str:
+        return self.message.source
+
+    def recorded(self, logging: bool) -> dict[str, Any] | None:
+        """The trajectory as stored (secrets redacted), when trajectory logging is on."""
+        return self.agent.redactor.redact_obj(self.trajectory) if logging else None
