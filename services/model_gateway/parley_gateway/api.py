@@ -278,9 +278,9 @@ class GatewayApi:
         page = page_of(request.page if request.HasField("page") else None)
         # What this replica has not written yet belongs in the answer too.
         await self.engine.ledger.flush()
-        rows = await self.engine.budgets.store.list_usage(agent_id, page.fetch, page.offset)
-        shown, page_response = cut(page, rows)
-        return model_pb2.GetUsageResponse(rows=[_usage_row(r) for r in shown], page=page_response)
+        totals = await self.engine.budgets.store.list_usage(agent_id, page.fetch, page.offset)
+        shown, page_response = cut(page, totals)
+        return model_pb2.GetUsageResponse(rows=[_usage_row(t) for t in shown], page=page_response)
 
     async def AddSection(self, request: model_pb2.AddSectionRequest) -> model_pb2.AddSectionResponse:
         if not request.HasField("section"):

@@ -82,8 +82,10 @@ def setup_with(environ: dict[str, str]) -> Callable[[ServiceHost[GatewaySettings
             holder=f"gateway-{secrets.token_hex(4)}",
             lease_seconds=s.batcher_drain_lease_seconds,
         )
-        scheduler = SchedulerClient(host.rpc, timeout=s.scheduler_timeout_seconds)
-        drains = None if s.batcher_self_drain else ScheduledDrains(batcher, scheduler)
+        drains = None
+        if not s.batcher_self_drain:
+            scheduler = SchedulerClient(host.rpc, timeout=s.batcher_scheduler_timeout_seconds)
+            drains = ScheduledDrains(batcher, scheduler)
         api = GatewayApi(
             engine, batcher, budget_changed=budget_changed, section_added=drains.on_added if drains else None
         )
