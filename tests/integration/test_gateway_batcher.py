@@ -221,7 +221,7 @@ async def test_duplicates_per_drain_recurring_and_dispose(
     third = await batcher.drain("autonomy")
     assert sorted(r.section_id for r in third.results) == ["cycle", "every"]
     status = await batcher.store.batcher_status("autonomy")
-    assert [(r["pending"], r["drains"], r["min_cycle_ms"]) for r in status] == [(2, 3, 3_600_000)]
+    assert [(r.pending, r.drains, r.min_cycle_ms) for r in status] == [(2, 3, 3_600_000)]
 
     assert await batcher.store.dispose_sections("agent-1", [], "me") == 2
     assert (await batcher.drain("autonomy")).sections == 0

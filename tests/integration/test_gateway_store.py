@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 
-from parley_gateway.store import MIGRATIONS_DIR, SCHEMA, GatewayStore, UsageIncrement
+from parley_gateway.records import UsageIncrement
+from parley_gateway.store import MIGRATIONS_DIR, SCHEMA, GatewayStore
 from parley_platform.postgres import Database, migrate
 
 
@@ -55,14 +56,14 @@ async def test_64_concurrent_reservations_never_overspend(stores: list[GatewaySt
     assert admitted.count(True) == 20
     budget = await stores[0].get_budget(agent)
     assert budget is not None
-    assert (budget["reserved_tokens"], budget["spent_tokens"]) == (1000, 0)
+    assert (budget.reserved_tokens, budget.spent_tokens) == (1000, 0)
 
     winners = [s for s, won in zip(stores, admitted, strict=True) if won]
     committed = await asyncio.gather(*(s.commit(agent, 50, 30) for s in winners))
     assert all(committed)
     budget = await stores[0].get_budget(agent)
     assert budget is not None
-    assert (budget["reserved_tokens"], budget["spent_tokens"]) == (0, 600)
+    assert (budget.reserved_tokens, budget.spent_tokens) == (0, 600)
 
     again = await race_reserve(stores, agent, 50)
     assert again.count(True) == 8  # (1000 - 600) // 50
@@ -71,7 +72,7 @@ async def test_64_concurrent_reservations_never_overspend(stores: list[GatewaySt
     assert all(released)
     budget = await stores[0].get_budget(agent)
     assert budget is not None
-    assert (budget["reserved_tokens"], budget["spent_tokens"]) == (0, 600)
+    assert (budget.reserved_tokens, budget.spent_tokens) == (0, 600)
 
 
 async def test_an_agent_without_a_budget_is_not_limited(store: GatewayStore) -> None:
@@ -97,11 +98,13 @@ async def test_the_window_rolls_over(store: GatewayStore, fresh_database: str) -
             "UPDATE model.budget SET window_started_at = now() - interval '2 minutes'"
             " WHERE agent_id = 'roller'"
         )
-    assert (await store.get_budget("roller") or {})["spent_tokens"] == 0
+    budget = await store.get_budget("roller")
+    assert budget is not None
+    assert budget.spent_tokens == 0
     assert (await store.reserve("roller", 30)).admitted
     budget = await store.get_budget("roller")
     assert budget is not None
-    assert (budget["spent_tokens"], budget["reserved_tokens"]) == (0, 30)
+    assert (budget.spent_tokens, budget.reserved_tokens) == (0, 30)
 
 
 async def test_a_release_never_drives_the_reservation_negative(store: GatewayStore) -> None:
@@ -117,10 +120,10 @@ async def test_ledger_increments_from_many_flushes_add_up(stores: list[GatewaySt
     await asyncio.gather(*(s.record_usage([row]) for s in stores[:32]))
     [total] = await stores[0].list_usage("ledger-agent", 10, 0)
     assert (
-        total["requests"],
-        total["input_tokens"],
-        total["output_tokens"],
-        total["cached_input_tokens"],
+        total.requests,
+        total.input_tokens,
+        total.output_tokens,
+        total.cached_input_tokens,
     ) == (
         32,
         320,

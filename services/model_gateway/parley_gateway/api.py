@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime
-
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from parley.v1 import model_pb2
-from parley_platform.errors import InvalidArgument
+from parley_platform.convert import timestamp
 from parley_platform.paging import cut, page_of
 
+from . import errors
 from .batcher import Batcher, drain_interval_ms
 from .batching import AFFINITY, SchemaField, Section, validate_section
 from .engine import Call, Engine, Result
 from .provider import Chunk, ProviderRequest, Segment
+from .records import Budget, UsageTotal
 
 MODEL_TYPES = {
     value: name.removeprefix("MODEL_TYPE_") for name, value in model_pb2.ModelType.items() if value
@@ -40,21 +39,13 @@ MAX_EMBED_CHARS = 64 * 1024
 AGENT_ID = re.compile(r"[A-Za-z0-9_-]{1,128}", re.ASCII)
 
 
-def _ts(value: datetime | None) -> Timestamp | None:
-    if value is None:
-        return None
-    ts = Timestamp()
-    ts.FromDatetime(value)
-    return ts
-
-
 def validate_agent(agent_id: str, *, required: bool) -> str:
     if not agent_id:
         if required:
-            raise InvalidArgument("agent_id is required", code="AGENT_REQUIRED")
+            raise errors.AGENT_REQUIRED("agent_id is required")
         return ""
     if not AGENT_ID.fullmatch(agent_id):
-        raise InvalidArgument("agent_id must be 1-128 letters, digits, '-' or '_'", code="INVALID_AGENT_ID")
+        raise errors.INVALID_AGENT_ID("agent_id must be 1-128 letters, digits, '-' or '_'")
     return agent_id
 
 
@@ -63,31 +54,25 @@ def validate_generate(request: model_pb2.GenerateRequest) -> str:
     validate_agent(request.agent_id, required=False)
     model_type = MODEL_TYPES.get(request.model_type)
     if model_type is None:
-        raise InvalidArgument(
-            "model_type must be one of " + ", ".join(MODEL_TYPES.values()), code="UNKNOWN_MODEL_TYPE"
-        )
+        raise errors.UNKNOWN_MODEL_TYPE("model_type must be one of " + ", ".join(MODEL_TYPES.values()))
     if not request.prompt and not request.segments:
-        raise InvalidArgument("prompt or segments is required", code="PROMPT_REQUIRED")
+        raise errors.PROMPT_REQUIRED("prompt or segments is required")
     if len(request.prompt) > MAX_PROMPT_CHARS:
-        raise InvalidArgument(f"prompt is over {MAX_PROMPT_CHARS} characters", code="PROMPT_TOO_LARGE")
+        raise errors.PROMPT_TOO_LARGE(f"prompt is over {MAX_PROMPT_CHARS} characters")
     if request.segments and request.prompt != "".join(s.content for s in request.segments):
-        raise InvalidArgument(
-            "prompt must equal the concatenation of the segments' content",
-            code="PROMPT_SEGMENTS_MISMATCH",
-            hint="build the prompt as ''.join(segment.content for segment in segments)",
-        )
+        raise errors.PROMPT_SEGMENTS_MISMATCH("prompt must equal the concatenation of the segments' content")
     if request.max_tokens < 0:
-        raise InvalidArgument("max_tokens must be 0 (provider default) or more", code="INVALID_MAX_TOKENS")
+        raise errors.INVALID_MAX_TOKENS("max_tokens must be 0 (provider default) or more")
     if request.HasField("temperature") and not 0 <= request.temperature <= 2:
-        raise InvalidArgument("temperature must be from 0 to 2", code="INVALID_TEMPERATURE")
+        raise errors.INVALID_TEMPERATURE("temperature must be from 0 to 2")
     if len(request.system) > MAX_PROMPT_CHARS:
-        raise InvalidArgument(f"system is over {MAX_PROMPT_CHARS} characters", code="PROMPT_TOO_LARGE")
+        raise errors.PROMPT_TOO_LARGE(f"system is over {MAX_PROMPT_CHARS} characters")
     if len(request.stop_sequences) > 16 or any(not s or len(s) > 256 for s in request.stop_sequences):
-        raise InvalidArgument(
-            "stop_sequences must be at most 16 non-empty strings of up to 256 characters", code="INVALID_STOP"
+        raise errors.INVALID_STOP(
+            "stop_sequences must be at most 16 non-empty strings of up to 256 characters"
         )
     if len(request.response_grammar) > 64 * 1024:
-        raise InvalidArgument("response_grammar is over 65536 characters", code="INVALID_GRAMMAR")
+        raise errors.INVALID_GRAMMAR("response_grammar is over 65536 characters")
     return model_type
 
 
@@ -130,13 +115,13 @@ def to_section(proto: model_pb2.Section) -> Section:
     validate_agent(proto.agent_id, required=True)
     tier = MODEL_TYPES.get(proto.model_type or model_pb2.MODEL_TYPE_TEXT_SMALL)
     if tier is None:
-        raise InvalidArgument("section.model_type is not a known model type", code="INVALID_SECTION")
+        raise errors.INVALID_SECTION("section.model_type is not a known model type")
     priority = PRIORITIES.get(proto.priority)
     if priority is None:
-        raise InvalidArgument("section.priority is not a known priority", code="INVALID_SECTION")
+        raise errors.INVALID_SECTION("section.priority is not a known priority")
     frequency = FREQUENCIES.get(proto.frequency)
     if frequency is None:
-        raise InvalidArgument("section.frequency is not a known frequency", code="INVALID_SECTION")
+        raise errors.INVALID_SECTION("section.frequency is not a known frequency")
     return validate_section(
         Section(
             id=proto.id,
@@ -160,16 +145,34 @@ def to_section(proto: model_pb2.Section) -> Section:
     )
 
 
-def _budget(row: dict[str, object] | None, agent_id: str) -> model_pb2.Budget:
-    if row is None:
+def _budget(budget: Budget | None, agent_id: str) -> model_pb2.Budget:
+    if budget is None:
         return model_pb2.Budget(agent_id=agent_id)
     return model_pb2.Budget(
-        agent_id=str(row["agent_id"]),
-        limit_tokens=int(row["limit_tokens"]),  # type: ignore[call-overload]
-        window_seconds=int(row["window_seconds"]),  # type: ignore[call-overload]
-        spent_tokens=int(row["spent_tokens"]),  # type: ignore[call-overload]
-        reserved_tokens=int(row["reserved_tokens"]),  # type: ignore[call-overload]
-        window_started_at=_ts(row["window_started_at"]),  # type: ignore[arg-type]
+        agent_id=budget.agent_id,
+        limit_tokens=budget.limit_tokens,
+        window_seconds=budget.window_seconds,
+        spent_tokens=budget.spent_tokens,
+        reserved_tokens=budget.reserved_tokens,
+        window_started_at=timestamp(budget.window_started_at),
+    )
+
+
+def _usage_row(usage: UsageTotal) -> model_pb2.UsageRow:
+    return model_pb2.UsageRow(
+        agent_id=usage.agent_id,
+        provider=usage.provider,
+        model=usage.model,
+        model_type=MODEL_TYPE_VALUES.get(usage.model_type, 0),  # type: ignore[arg-type]
+        kind=usage.kind,
+        requests=usage.requests,
+        usage=model_pb2.Usage(
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cached_input_tokens=usage.cached_input_tokens,
+        ),
+        first_at=timestamp(usage.first_at),
+        last_at=timestamp(usage.last_at),
     )
 
 
@@ -203,14 +206,12 @@ class GatewayApi:
     async def Embed(self, request: model_pb2.EmbedRequest) -> model_pb2.EmbedResponse:
         validate_agent(request.agent_id, required=False)
         if not request.texts:
-            raise InvalidArgument("texts needs at least one text", code="TEXTS_REQUIRED")
+            raise errors.TEXTS_REQUIRED("texts needs at least one text")
         if len(request.texts) > MAX_EMBED_TEXTS:
-            raise InvalidArgument(f"texts has more than {MAX_EMBED_TEXTS} entries", code="TOO_MANY_TEXTS")
+            raise errors.TOO_MANY_TEXTS(f"texts has more than {MAX_EMBED_TEXTS} entries")
         for index, text in enumerate(request.texts):
             if len(text) > MAX_EMBED_CHARS:
-                raise InvalidArgument(
-                    f"texts[{index}] is over {MAX_EMBED_CHARS} characters", code="TEXT_TOO_LARGE"
-                )
+                raise errors.TEXT_TOO_LARGE(f"texts[{index}] is over {MAX_EMBED_CHARS} characters")
         result = await self.engine.embed(request.agent_id, list(request.texts))
         return model_pb2.EmbedResponse(
             embeddings=[model_pb2.Embedding(values=v) for v in result.vectors],
@@ -255,7 +256,7 @@ class GatewayApi:
     async def SetBudget(self, request: model_pb2.SetBudgetRequest) -> model_pb2.Budget:
         agent_id = validate_agent(request.agent_id, required=True)
         if request.limit_tokens < 0:
-            raise InvalidArgument("limit_tokens must be 0 (no budget) or more", code="INVALID_BUDGET")
+            raise errors.INVALID_BUDGET("limit_tokens must be 0 (no budget) or more")
         store = self.engine.budgets.store
         if request.limit_tokens == 0:
             await store.delete_budget(agent_id)
@@ -263,10 +264,10 @@ class GatewayApi:
             return model_pb2.Budget(agent_id=agent_id)
         window = request.window_seconds or self.engine.budgets.window_seconds
         if not 1 <= window <= 31 * 86400:
-            raise InvalidArgument("window_seconds must be from 1 to 2678400", code="INVALID_BUDGET")
-        row = await store.set_budget(agent_id, request.limit_tokens, window)
+            raise errors.INVALID_BUDGET("window_seconds must be from 1 to 2678400")
+        budget = await store.set_budget(agent_id, request.limit_tokens, window)
         await self.budget_changed(agent_id)
-        return _budget(row, agent_id)
+        return _budget(budget, agent_id)
 
     async def GetBudget(self, request: model_pb2.GetBudgetRequest) -> model_pb2.Budget:
         agent_id = validate_agent(request.agent_id, required=True)
@@ -277,33 +278,13 @@ class GatewayApi:
         page = page_of(request.page if request.HasField("page") else None)
         # What this replica has not written yet belongs in the answer too.
         await self.engine.ledger.flush()
-        rows = await self.engine.budgets.store.list_usage(agent_id, page.fetch, page.offset)
-        shown, page_response = cut(page, rows)
-        return model_pb2.GetUsageResponse(
-            rows=[
-                model_pb2.UsageRow(
-                    agent_id=r["agent_id"],
-                    provider=r["provider"],
-                    model=r["model"],
-                    model_type=MODEL_TYPE_VALUES.get(r["model_type"], 0),  # type: ignore[arg-type]
-                    kind=r["kind"],
-                    requests=r["requests"],
-                    usage=model_pb2.Usage(
-                        input_tokens=r["input_tokens"],
-                        output_tokens=r["output_tokens"],
-                        cached_input_tokens=r["cached_input_tokens"],
-                    ),
-                    first_at=_ts(r["first_at"]),
-                    last_at=_ts(r["last_at"]),
-                )
-                for r in shown
-            ],
-            page=page_response,
-        )
+        totals = await self.engine.budgets.store.list_usage(agent_id, page.fetch, page.offset)
+        shown, page_response = cut(page, totals)
+        return model_pb2.GetUsageResponse(rows=[_usage_row(t) for t in shown], page=page_response)
 
     async def AddSection(self, request: model_pb2.AddSectionRequest) -> model_pb2.AddSectionResponse:
         if not request.HasField("section"):
-            raise InvalidArgument("section is required", code="INVALID_SECTION")
+            raise errors.INVALID_SECTION("section is required")
         section = to_section(request.section)
         registered = await self.batcher.add(section)
         if registered and self.section_added is not None:
@@ -313,9 +294,7 @@ class GatewayApi:
     async def Drain(self, request: model_pb2.DrainRequest) -> model_pb2.DrainResponse:
         affinity = request.affinity or "default"
         if not AFFINITY.fullmatch(affinity):
-            raise InvalidArgument(
-                "affinity must be default, autonomy, init or room:<id>", code="INVALID_AFFINITY"
-            )
+            raise errors.INVALID_AFFINITY("affinity must be default, autonomy, init or room:<id>")
         drained = await self.batcher.drain(affinity)
         return model_pb2.DrainResponse(
             affinity=affinity,
@@ -327,23 +306,21 @@ class GatewayApi:
 
     async def BatcherStatus(self, request: model_pb2.BatcherStatusRequest) -> model_pb2.BatcherStatusResponse:
         if request.affinity and not AFFINITY.fullmatch(request.affinity):
-            raise InvalidArgument(
-                "affinity must be default, autonomy, init or room:<id>", code="INVALID_AFFINITY"
-            )
+            raise errors.INVALID_AFFINITY("affinity must be default, autonomy, init or room:<id>")
         config = self.batcher.config
-        rows = await self.batcher.store.batcher_status(request.affinity)
+        statuses = await self.batcher.store.batcher_status(request.affinity)
         return model_pb2.BatcherStatusResponse(
             affinities=[
                 model_pb2.AffinityStatus(
-                    affinity=r["affinity"],
-                    pending=r["pending"],
-                    sections=r["sections"],
-                    drains=r["drains"],
-                    draining=bool(r["draining"]),
-                    last_drain_at=_ts(r["last_drain_at"]),
-                    drain_interval_ms=drain_interval_ms(config, r["min_cycle_ms"]),
+                    affinity=status.affinity,
+                    pending=status.pending,
+                    sections=status.sections,
+                    drains=status.drains,
+                    draining=status.draining,
+                    last_drain_at=timestamp(status.last_drain_at),
+                    drain_interval_ms=drain_interval_ms(config, status.min_cycle_ms),
                 )
-                for r in rows
+                for status in statuses
             ],
             config=model_pb2.BatcherConfig(
                 batch_size=config.batch_size,
@@ -361,7 +338,7 @@ class GatewayApi:
     ) -> model_pb2.DisposeSectionsResponse:
         agent_id = validate_agent(request.agent_id, required=True)
         if not request.section_ids and not request.owner:
-            raise InvalidArgument("name section_ids or an owner to dispose", code="INVALID_DISPOSE")
+            raise errors.INVALID_DISPOSE("name section_ids or an owner to dispose")
         disposed = await self.batcher.store.dispose_sections(
             agent_id, list(request.section_ids), request.owner
         )

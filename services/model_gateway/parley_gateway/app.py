@@ -7,91 +7,22 @@ import dataclasses
 import os
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from parley.v1 import model_pb2
+from parley.v1.scheduler_nats import SchedulerClient
 from parley_platform.host import ServiceHost, ServiceSpec
 from parley_platform.worker import WorkerHost
 
-from .api import MODEL_TYPES, GatewayApi
-from .batcher import Batcher, DrainTimer
+from .api import GatewayApi
+from .batcher import Batcher
 from .batching import load_config
 from .config import GatewaySettings
-from .drains import ScheduledDrains
-from .engine import Budgets, Engine, GatewayMetrics, Ledger, Protected
-from .local import LocalEmbedder, LocalProvider
-from .protection import CircuitBreaker, Limiter, RetryPolicy
-from .provider import Embedder, Provider
-from .remote import AnthropicProvider, ModelNames, OpenAIEmbedder, OpenAIProvider
-from .scripted import ScriptedEmbedder, ScriptedProvider, load_rules
+from .drains import DrainTimer, ScheduledDrains
+from .engine import Budgets, Engine, GatewayMetrics, Ledger
+from .protection import RetryPolicy
+from .providers import build_providers, preload, protect
 from .store import MIGRATIONS_DIR, SCHEMA, GatewayStore
-
-
-def _secret(value: Any) -> str:
-    return value.get_secret_value() if value is not None else ""
-
-
-def build_providers(settings: GatewaySettings) -> tuple[dict[str, Provider], Embedder]:
-    """One provider object per name, shared by the model types routed to it, and the embedder."""
-    wanted = {
-        model_type: getattr(settings, f"model_provider_{model_type.lower()}") or settings.model_provider
-        for model_type in MODEL_TYPES.values()
-    }
-    embedding = settings.embedding_provider or (
-        "scripted" if settings.model_provider == "scripted" else "local"
-    )
-    made: dict[str, Provider] = {}
-    names = set(wanted.values()) | ({"openai"} if embedding == "openai" else set())
-    for name in sorted(names):
-        if name == "scripted":
-            rules = load_rules(settings.scripted_rules) if settings.scripted_rules else []
-            made[name] = ScriptedProvider(rules=rules, latency_ms=settings.scripted_latency_ms)
-        elif name == "local":
-            made[name] = LocalProvider(
-                settings.local_model_path,
-                threads=settings.local_threads,
-                context_tokens=settings.local_context_tokens,
-            )
-        elif name == "openai":
-            made[name] = OpenAIProvider(
-                base_url=settings.openai_base_url,
-                api_key=_secret(settings.openai_api_key),
-                models=ModelNames(settings.openai_model_small, settings.openai_model_large),
-                embedding_model=settings.openai_embedding_model,
-                embedding_dimension=settings.openai_embedding_dimension,
-            )
-        elif name == "anthropic":
-            made[name] = AnthropicProvider(
-                base_url=settings.anthropic_base_url,
-                api_key=_secret(settings.anthropic_api_key),
-                models=ModelNames(settings.anthropic_model_small, settings.anthropic_model_large),
-            )
-    embedder: Embedder
-    if embedding == "openai":
-        provider = made["openai"]
-        assert isinstance(provider, OpenAIProvider)
-        embedder = OpenAIEmbedder(provider)
-    elif embedding == "local":
-        embedder = LocalEmbedder()
-    else:
-        embedder = ScriptedEmbedder()
-    return {model_type: made[name] for model_type, name in wanted.items()}, embedder
-
-
-@dataclass
-class _Started:
-    """A part with a synchronous start and an asynchronous stop, as a host component."""
-
-    start_now: Callable[[], None]
-    stop_now: Callable[[], Awaitable[None]]
-
-    async def start(self) -> None:
-        self.start_now()
-
-    async def stop(self, timeout: float) -> None:
-        await self.stop_now()
-
 
 SPEC = ServiceSpec(
     "model-gateway",
@@ -102,21 +33,6 @@ SPEC = ServiceSpec(
 )
 
 
-def protect(settings: GatewaySettings, provider: Provider) -> Protected:
-    """The local model runs one call at a time (one llama.cpp context); HTTP providers share the
-    setting; the scripted model has its own, high limit."""
-    limit = settings.provider_concurrency
-    if isinstance(provider, LocalProvider):
-        limit = 1
-    elif isinstance(provider, ScriptedProvider):
-        limit = settings.scripted_concurrency
-    return Protected(
-        provider,
-        Limiter(provider.name, limit, settings.provider_queue_limit),
-        CircuitBreaker(provider.name, settings.circuit_failure_threshold, settings.circuit_reset_seconds),
-    )
-
-
 def setup_with(environ: dict[str, str]) -> Callable[[ServiceHost[GatewaySettings]], Awaitable[None]]:
     async def setup(host: ServiceHost[GatewaySettings]) -> None:
         s = host.settings
@@ -124,9 +40,7 @@ def setup_with(environ: dict[str, str]) -> Callable[[ServiceHost[GatewaySettings
         routes, embedder = build_providers(s)
         providers = list({id(p): p for p in routes.values()}.values())
         if s.local_preload:
-            for thing in [*providers, embedder]:
-                if isinstance(thing, LocalProvider | LocalEmbedder):
-                    thing.load()
+            preload(providers, embedder)
         store = GatewayStore(host.db)
         metrics = GatewayMetrics(host.registry)
         protected = {id(p): protect(s, p) for p in providers}
@@ -168,7 +82,10 @@ def setup_with(environ: dict[str, str]) -> Callable[[ServiceHost[GatewaySettings
             holder=f"gateway-{secrets.token_hex(4)}",
             lease_seconds=s.batcher_drain_lease_seconds,
         )
-        drains = None if s.batcher_self_drain else ScheduledDrains(batcher, host.rpc)
+        drains = None
+        if not s.batcher_self_drain:
+            scheduler = SchedulerClient(host.rpc, timeout=s.batcher_scheduler_timeout_seconds)
+            drains = ScheduledDrains(batcher, scheduler)
         api = GatewayApi(
             engine, batcher, budget_changed=budget_changed, section_added=drains.on_added if drains else None
         )
@@ -179,8 +96,7 @@ def setup_with(environ: dict[str, str]) -> Callable[[ServiceHost[GatewaySettings
                 WorkerHost(bus, service=SPEC.name, workers=drains.workers(), registry=host.registry),
             )
         else:
-            timer = DrainTimer(batcher, s.batcher_tick_ms / 1000)
-            host.component("drain timer", _Started(timer.start, timer.stop))
+            host.component("drain timer", DrainTimer(batcher, s.batcher_tick_ms / 1000))
         host.on_stop("usage ledger", ledger.stop)
         for provider in providers:
             host.on_stop(f"provider {provider.name}", provider.close)

@@ -5,9 +5,8 @@ the due sections (one statement), packs them into calls that run through the sam
 every other generation, splits the answers back per section, retries what came back missing
 or invalid, falls back after that, stores and publishes the results, and gives the lease back.
 
-When drains happen belongs to the scheduler: a BATCHER_DRAIN task per affinity (drains.py).
-A gateway without the scheduler (``PARLEY_BATCHER_SELF_DRAIN=true``) drains each affinity on
-its interval with ``DrainTimer`` below instead.
+When drains happen is drains.py's business: the scheduler's BATCHER_DRAIN task per affinity, or,
+for a gateway without the scheduler (``PARLEY_BATCHER_SELF_DRAIN=true``), a timer.
 """
 
 from __future__ import annotations
@@ -16,20 +15,19 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from parley.v1 import model_pb2
 from parley_clients.batcher import result_subject
 from parley_platform.bus import Bus
-from parley_platform.errors import Conflict, ParleyError
+from parley_platform.errors import ParleyError
 from parley_platform.logging import get_logger
 
+from . import errors
 from .batching import (
     BatcherConfig,
     Call,
     Outcome,
-    SchemaField,
     Section,
     build_prompt,
     call_keys,
@@ -41,50 +39,10 @@ from .engine import Call as EngineCall
 from .engine import Engine, GatewayMetrics
 from .grammar import fields_grammar
 from .provider import ProviderRequest
+from .records import AffinityStatus
 from .store import GatewayStore
 
 log = get_logger(__name__)
-
-
-def section_to_spec(section: Section) -> dict[str, Any]:
-    return {
-        "id": section.id,
-        "agent_id": section.agent_id,
-        "affinity": section.affinity,
-        "prompt": section.prompt,
-        "fields": [
-            {"name": f.name, "description": f.description, "optional": f.optional, "pattern": f.pattern}
-            for f in section.fields
-        ],
-        "priority": section.priority,
-        "tier": section.tier,
-        "isolated": section.isolated,
-        "fallback": dict(section.fallback),
-        "frequency": section.frequency,
-        "min_cycle_ms": section.min_cycle_ms,
-        "max_retries": section.max_retries,
-        "owner": section.owner,
-        "system": section.system,
-    }
-
-
-def section_from_spec(spec: dict[str, Any]) -> Section:
-    return Section(
-        id=spec["id"],
-        agent_id=spec["agent_id"],
-        affinity=spec["affinity"],
-        prompt=spec["prompt"],
-        fields=tuple(SchemaField(**f) for f in spec["fields"]),
-        priority=spec["priority"],
-        tier=spec["tier"],
-        isolated=spec["isolated"],
-        fallback=dict(spec["fallback"]),
-        frequency=spec["frequency"],
-        min_cycle_ms=spec["min_cycle_ms"],
-        max_retries=spec["max_retries"],
-        owner=spec["owner"],
-        system=spec["system"],
-    )
 
 
 @dataclass
@@ -123,15 +81,7 @@ class Batcher:
         self._locks: dict[str, asyncio.Lock] = {}
 
     async def add(self, section: Section) -> bool:
-        return await self.store.add_section(
-            agent_id=section.agent_id,
-            id=section.id,
-            affinity=section.affinity,
-            spec=section_to_spec(section),
-            frequency=section.frequency,
-            min_cycle_ms=section.min_cycle_ms,
-            owner=section.owner,
-        )
+        return await self.store.add_section(section)
 
     def draining(self, affinity: str) -> bool:
         lock = self._locks.get(affinity)
@@ -147,19 +97,16 @@ class Batcher:
                 if claimed is not None:
                     break
                 if time.monotonic() > deadline:
-                    raise Conflict(
+                    raise errors.DRAIN_BUSY(
                         f"affinity {affinity} is being drained elsewhere and did not finish"
-                        f" within {wait:.0f}s",
-                        code="DRAIN_BUSY",
-                        retryable=True,
+                        f" within {wait:.0f}s"
                     )
                 await asyncio.sleep(0.02)
-            seq, started_at = claimed
+            seq, started_at = claimed.seq, claimed.started_at
             drained = Drained(affinity, seq, 0, 0)
             try:
                 async with asyncio.timeout(max(1.0, self.lease_seconds - 5)):
-                    rows = await self.store.claim_sections(affinity, seq)
-                    sections = [section_from_spec(row["spec"]) for row in rows]
+                    sections = await self.store.claim_sections(affinity, seq)
                     drained.sections = len(sections)
                     if sections:
                         drained.results, drained.calls = await self._answer(affinity, seq, sections)
@@ -260,15 +207,15 @@ class Batcher:
         found = extract_fields(result.completion.text, keys)
         return [(section, split_answer(section, found)) for section in call.sections]
 
-    async def refresh_gauges(self) -> list[dict[str, Any]]:
-        rows = await self.store.batcher_status("")
+    async def refresh_gauges(self) -> list[AffinityStatus]:
+        statuses = await self.store.batcher_status("")
         pending: dict[str, int] = {}
-        for row in rows:
-            label = affinity_label(row["affinity"])
-            pending[label] = pending.get(label, 0) + row["pending"]
+        for status in statuses:
+            label = affinity_label(status.affinity)
+            pending[label] = pending.get(label, 0) + status.pending
         for label, count in pending.items():
             self.metrics.batcher_sections.labels(label).set(count)
-        return rows
+        return statuses
 
 
 def drain_interval_ms(config: BatcherConfig, min_cycle_ms: int | None) -> int:
@@ -276,57 +223,6 @@ def drain_interval_ms(config: BatcherConfig, min_cycle_ms: int | None) -> int:
     if min_cycle_ms:
         return min(int(min_cycle_ms), config.max_drain_interval_ms)
     return config.max_drain_interval_ms
-
-
-class DrainTimer:
-    """Drains every affinity with pending sections on its interval (early once BATCH_SIZE are waiting)."""
-
-    def __init__(self, batcher: Batcher, tick_seconds: float) -> None:
-        self.batcher = batcher
-        self.tick_seconds = tick_seconds
-        self._task: asyncio.Task[None] | None = None
-        self._drains: dict[str, asyncio.Task[Drained]] = {}
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop())
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.tick()
-            except ParleyError as exc:
-                log.warning("drain timer tick failed", code=exc.code)
-            await asyncio.sleep(self.tick_seconds)
-
-    async def tick(self) -> None:
-        config = self.batcher.config
-        for row in await self.batcher.refresh_gauges():
-            affinity = row["affinity"]
-            if row["pending"] == 0 or affinity in self._drains or row["draining"]:
-                continue
-            interval = drain_interval_ms(config, row["min_cycle_ms"])
-            since = row["since_last_drain_ms"]
-            if since is None or since >= interval or row["pending"] >= config.batch_size:
-                task = asyncio.create_task(self.batcher.drain(affinity, wait=1.0))
-                self._drains[affinity] = task
-                task.add_done_callback(partial(self._finished, affinity))
-
-    def _finished(self, affinity: str, task: asyncio.Task[Drained]) -> None:
-        self._drains.pop(affinity, None)
-        if not task.cancelled() and task.exception() is not None:
-            error = task.exception()
-            log.warning(
-                "timed drain failed", affinity=affinity, code=getattr(error, "code", type(error).__name__)
-            )
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        running = list(self._drains.values())
-        if running:
-            await asyncio.wait(running, timeout=10)
 
 
 def _result_json(result: model_pb2.SectionResult) -> dict[str, Any]:

@@ -15,16 +15,17 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from xml.sax.saxutils import escape
 
-from parley_platform.errors import InvalidArgument
+from parley_platform.errors import ParleyError
 
+from . import errors
 from .provider import estimate_tokens
 
 # --- knobs ------------------------------------------------------------------------------------------
 
 ENV_PREFIX = "PROMPT_BATCHER_"
-CONFIG_INVALID = "PROMPT_BATCHER_CONFIG_INVALID"
 _INTEGER = re.compile(r"[0-9]+", re.ASCII)
 _FRACTION = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", re.ASCII)
 _MAX_INTEGER = 2_147_483_647
@@ -51,11 +52,10 @@ _INTEGER_KEYS = {
 _FRACTION_KEYS = {"PACKING_DENSITY": "packing_density", "MODEL_SEPARATION": "model_separation"}
 
 
-def _invalid(key: str, expected: str) -> InvalidArgument:
+def _invalid(key: str, expected: str) -> ParleyError:
     # The value is not echoed: configuration may sit next to secrets, and the key says where to look.
-    return InvalidArgument(
+    return errors.PROMPT_BATCHER_CONFIG_INVALID(
         f"{ENV_PREFIX}{key} must be {expected}",
-        code=CONFIG_INVALID,
         hint=f"fix or unset {ENV_PREFIX}{key} (blank means the default)",
     )
 
@@ -141,12 +141,53 @@ class Section:
     def key(self, field_name: str) -> str:
         return f"{self.id}__{field_name}"
 
+    def to_spec(self) -> dict[str, Any]:
+        """The section as JSON, as the store keeps it."""
+        return {
+            "id": self.id,
+            "agent_id": self.agent_id,
+            "affinity": self.affinity,
+            "prompt": self.prompt,
+            "fields": [
+                {"name": f.name, "description": f.description, "optional": f.optional, "pattern": f.pattern}
+                for f in self.fields
+            ],
+            "priority": self.priority,
+            "tier": self.tier,
+            "isolated": self.isolated,
+            "fallback": dict(self.fallback),
+            "frequency": self.frequency,
+            "min_cycle_ms": self.min_cycle_ms,
+            "max_retries": self.max_retries,
+            "owner": self.owner,
+            "system": self.system,
+        }
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> Section:
+        return cls(
+            id=spec["id"],
+            agent_id=spec["agent_id"],
+            affinity=spec["affinity"],
+            prompt=spec["prompt"],
+            fields=tuple(SchemaField(**f) for f in spec["fields"]),
+            priority=spec["priority"],
+            tier=spec["tier"],
+            isolated=spec["isolated"],
+            fallback=dict(spec["fallback"]),
+            frequency=spec["frequency"],
+            min_cycle_ms=spec["min_cycle_ms"],
+            max_retries=spec["max_retries"],
+            owner=spec["owner"],
+            system=spec["system"],
+        )
+
 
 def validate_section(section: Section) -> Section:
     """Checks a section; every error names the field that is wrong."""
 
-    def bad(path: str, what: str) -> InvalidArgument:
-        return InvalidArgument(f"section.{path} {what}", code="INVALID_SECTION")
+    def bad(path: str, what: str) -> ParleyError:
+        return errors.INVALID_SECTION(f"section.{path} {what}")
 
     if not SECTION_ID.fullmatch(section.id):
         raise bad("id", "must match [A-Za-z][A-Za-z0-9_-]{0,63}")

@@ -75,3 +75,5 @@ class GatewaySettings(Settings):
     batcher_self_drain: bool = False
     batcher_tick_ms: int = Field(default=250, ge=10, le=60_000)
     batcher_drain_lease_seconds: float = Field(default=120.0, gt=1, le=3600)
+    # How long a call to the scheduler (creating or resuming an affinity's drain task) may take.
+    batcher_scheduler_timeout_seconds: float = Field(default=5.0, gt=0, le=300)

@@ -8,21 +8,26 @@ Each run drains the affinity and answers the interval until the next: the shorte
 ``next_interval``). A run is asked for at once, through the scheduler, when ``BATCH_SIZE``
 sections were added since the last drain here, or when a recurring section wants a shorter
 cycle than the task has. The batcher owns how a drain happens; this module only says when.
-``PARLEY_BATCHER_SELF_DRAIN=true`` drains on a timer in the gateway instead (no scheduler).
+``PARLEY_BATCHER_SELF_DRAIN=true`` drains on a timer in the gateway instead (``DrainTimer``, no
+scheduler).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from collections import Counter
+from functools import partial
 
 from parley.v1 import scheduler_pb2
+from parley.v1.scheduler_nats import SchedulerClient
 from parley_platform.errors import Conflict, ParleyError
 from parley_platform.logging import get_logger
-from parley_platform.rpc import RpcClient
 from parley_platform.worker import Lease, Task, TaskResult, Workers
 
-from .batcher import Batcher, drain_interval_ms
+from . import errors
+from .batcher import Batcher, Drained, drain_interval_ms
 from .batching import Section
 
 log = get_logger(__name__)
@@ -30,7 +35,6 @@ log = get_logger(__name__)
 BATCHER_DRAIN = "BATCHER_DRAIN"
 # Tasks belong to an agent; the batcher's belong to the gateway itself.
 GATEWAY_AGENT = uuid.uuid5(uuid.NAMESPACE_URL, "parley:model-gateway")
-SCHEDULER_TIMEOUT_SECONDS = 5.0
 DRAIN_WAIT_SECONDS = 30.0
 
 
@@ -39,9 +43,9 @@ def drain_task_id(affinity: str) -> uuid.UUID:
 
 
 class ScheduledDrains:
-    def __init__(self, batcher: Batcher, rpc: RpcClient) -> None:
+    def __init__(self, batcher: Batcher, scheduler: SchedulerClient) -> None:
         self.batcher = batcher
-        self.rpc = rpc
+        self.scheduler = scheduler
         self._intervals: dict[str, int] = {}  # affinities whose task exists, and its interval
         self._added: Counter[str] = Counter()  # sections added here since this replica's last drain
 
@@ -52,7 +56,7 @@ class ScheduledDrains:
         async def drain(task: Task, lease: Lease) -> TaskResult:
             affinity = str(task.values.get("affinity") or "")
             if not affinity:
-                raise ValueError("a BATCHER_DRAIN task needs values.affinity")
+                raise errors.BATCHER_DRAIN_INVALID("a BATCHER_DRAIN task needs values.affinity")
             self._added[affinity] = 0
             await self.batcher.drain(affinity, wait=DRAIN_WAIT_SECONDS)
             interval = await self.interval(affinity)
@@ -64,8 +68,8 @@ class ScheduledDrains:
     async def interval(self, affinity: str) -> int:
         """The affinity's drain interval from the sections registered now."""
         shortest = None
-        for row in await self.batcher.store.batcher_status(affinity):
-            shortest = row["min_cycle_ms"]
+        for status in await self.batcher.store.batcher_status(affinity):
+            shortest = status.min_cycle_ms
         return drain_interval_ms(self.batcher.config, shortest)
 
     async def on_added(self, section: Section) -> None:
@@ -102,23 +106,64 @@ class ScheduledDrains:
         spec.metadata.values.update({"affinity": affinity})
         spec.due_at.GetCurrentTime()  # the first drain now; the task keeps the cadence after it
         try:
-            await self.rpc.call(
-                "scheduler",
-                "CreateTask",
-                scheduler_pb2.CreateTaskRequest(task=spec),
-                scheduler_pb2.CreateTaskResponse,
-                timeout=SCHEDULER_TIMEOUT_SECONDS,
-            )
+            await self.scheduler.CreateTask(scheduler_pb2.CreateTaskRequest(task=spec))
         except Conflict:
             await self._run_soon(affinity)  # created by another replica (or an earlier start)
 
     async def _run_soon(self, affinity: str) -> None:
-        await self.rpc.call(
-            "scheduler",
-            "ResumeTask",
+        await self.scheduler.ResumeTask(
             scheduler_pb2.ResumeTaskRequest(
                 id=str(drain_task_id(affinity)), agent_id=str(GATEWAY_AGENT), run_immediately=True
-            ),
-            scheduler_pb2.ResumeTaskResponse,
-            timeout=SCHEDULER_TIMEOUT_SECONDS,
+            )
         )
+
+
+class DrainTimer:
+    """Drains every affinity with pending sections on its interval (early once BATCH_SIZE are waiting)."""
+
+    def __init__(self, batcher: Batcher, tick_seconds: float) -> None:
+        self.batcher = batcher
+        self.tick_seconds = tick_seconds
+        self._task: asyncio.Task[None] | None = None
+        self._drains: dict[str, asyncio.Task[Drained]] = {}
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except ParleyError as exc:
+                log.warning("drain timer tick failed", code=exc.code)
+            await asyncio.sleep(self.tick_seconds)
+
+    async def tick(self) -> None:
+        config = self.batcher.config
+        for status in await self.batcher.refresh_gauges():
+            affinity = status.affinity
+            if status.pending == 0 or affinity in self._drains or status.draining:
+                continue
+            interval = drain_interval_ms(config, status.min_cycle_ms)
+            since = status.since_last_drain_ms
+            if since is None or since >= interval or status.pending >= config.batch_size:
+                task = asyncio.create_task(self.batcher.drain(affinity, wait=1.0))
+                self._drains[affinity] = task
+                task.add_done_callback(partial(self._finished, affinity))
+
+    def _finished(self, affinity: str, task: asyncio.Task[Drained]) -> None:
+        self._drains.pop(affinity, None)
+        if not task.cancelled() and task.exception() is not None:
+            error = task.exception()
+            log.warning(
+                "timed drain failed", affinity=affinity, code=getattr(error, "code", type(error).__name__)
+            )
+
+    async def stop(self, timeout: float) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        running = list(self._drains.values())
+        if running:
+            await asyncio.wait(running, timeout=timeout)

@@ -13,13 +13,15 @@ from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from parley_platform.errors import FailedPrecondition, ParleyError, ResourceExhausted
+from parley_platform.errors import ParleyError
 from parley_platform.logging import get_logger
 from parley_platform.metrics import LATENCY_BUCKETS
 
-from .protection import CircuitBreaker, Limiter, RetryPolicy, with_retries
+from . import errors
+from .protection import CircuitBreaker, Limiter, RetryPolicy, counts_against_provider, with_retries
 from .provider import Chunk, Completion, Embedder, Embeddings, Provider, ProviderRequest, estimate_tokens
-from .store import GatewayStore, UsageIncrement
+from .records import UsageIncrement
+from .store import GatewayStore
 
 log = get_logger(__name__)
 
@@ -197,13 +199,10 @@ class Budgets:
             self._unbudgeted[agent_id] = time.monotonic() + self.cache_seconds
             return None
         if not reservation.admitted:
-            raise ResourceExhausted(
+            raise errors.BUDGET_EXCEEDED(
                 f"agent {agent_id[:64]} is over its token budget of {reservation.limit_tokens} tokens"
                 " per window"
-                f" (this call needs up to {tokens})",
-                code="BUDGET_EXCEEDED",
-                hint="wait for the window to roll over, or raise it with SetBudget",
-                retryable=False,
+                f" (this call needs up to {tokens})"
             )
         return Hold(agent_id, tokens)
 
@@ -259,9 +258,8 @@ class Engine:
     def route(self, model_type: str) -> Protected:
         protected = self.routes.get(model_type)
         if protected is None:
-            raise FailedPrecondition(
+            raise errors.NO_PROVIDER(
                 f"no provider configured for {model_type}",
-                code="NO_PROVIDER",
                 hint=f"set PARLEY_MODEL_PROVIDER or PARLEY_MODEL_PROVIDER_{model_type}",
             )
         return protected
@@ -287,11 +285,11 @@ class Engine:
         series.cached.inc(completion.cached_input_tokens)
         self.ledger.add(call.agent_id, name, model, model_type, call.kind, completion)
 
-    def _failed(self, protected: Protected, call: Call, exc: BaseException) -> None:
-        code = exc.code if isinstance(exc, ParleyError) else "CANCELLED"
-        if code == "BUDGET_EXCEEDED":
+    def _failed(self, provider: str, model_type: str, exc: BaseException) -> None:
+        if errors.BUDGET_EXCEEDED.matches(exc):
             self.metrics.budget_rejections.inc()
-        self.metrics.requests.labels(protected.provider.name, call.request.model_type, code).inc()
+        outcome = exc.code if isinstance(exc, ParleyError) else "CANCELLED"
+        self.metrics.requests.labels(provider, model_type, outcome).inc()
 
     async def generate(self, call: Call) -> Result:
         protected = self.route(call.request.model_type)
@@ -322,7 +320,7 @@ class Engine:
                 on_retry=lambda e: self.metrics.retries.labels(provider.name, e.code).inc(),
             )
         except BaseException as exc:
-            self._failed(protected, call, exc)
+            self._failed(protected.provider.name, call.request.model_type, exc)
             with contextlib.suppress(ParleyError):
                 await asyncio.shield(self.budgets.release(hold))
             raise
@@ -363,7 +361,7 @@ class Engine:
                         finally:
                             self.metrics.inflight.labels(provider.name).dec()
                 except ParleyError as exc:
-                    if exc.retryable and exc.code != "PROVIDER_BUSY":
+                    if counts_against_provider(exc):
                         protected.breaker.failure()
                     else:
                         protected.breaker.release()
@@ -377,11 +375,9 @@ class Engine:
                     raise
                 protected.breaker.success()
                 if completion is None:
-                    raise ParleyError(
-                        f"{provider.name} ended its stream without a result", code="PROVIDER_BAD_RESPONSE"
-                    )
+                    raise errors.PROVIDER_BAD_RESPONSE(f"{provider.name} ended its stream without a result")
         except BaseException as exc:
-            self._failed(protected, call, exc)
+            self._failed(protected.provider.name, call.request.model_type, exc)
             with contextlib.suppress(ParleyError):
                 await asyncio.shield(self.budgets.release(hold))
             raise
@@ -400,10 +396,7 @@ class Engine:
             hold = await self.budgets.reserve(agent_id, reserve)
             result = await embedder.embed(texts, timeout=self.provider_timeout)
         except BaseException as exc:
-            code = exc.code if isinstance(exc, ParleyError) else "CANCELLED"
-            if code == "BUDGET_EXCEEDED":
-                self.metrics.budget_rejections.inc()
-            self.metrics.requests.labels(embedder.name, "EMBEDDING", code).inc()
+            self._failed(embedder.name, "EMBEDDING", exc)
             with contextlib.suppress(ParleyError):
                 await asyncio.shield(self.budgets.release(hold))
             raise

