@@ -446,3 +446,71 @@ def test_cron_errors_say_which_part(expression: str, part: str) -> None:
     with pytest.raises(cron.CronError) as caught:
         cron.parse(expression)
     assert part in str(caught.value)
+
+
+# --- stored tasks -----------------------------------------------------------------------------------
+
+
+def stored(
+    *, repeat: bool = True, lease: domain.Lease | None = None, live_runs: int = 0, **schedule: object
+) -> domain.Task:
+    return domain.Task(
+        id=uuid.uuid4(),
+        agent_id=uuid.uuid4(),
+        name="WORK",
+        description="",
+        tags=("queue", "repeat") if repeat else ("queue",),
+        room_id=None,
+        world_id=None,
+        entity_id=None,
+        due_at=None,
+        schedule=Schedule(**schedule),  # type: ignore[arg-type]
+        values={},
+        status=Status.RUNNING if lease else Status.ACTIVE,
+        pause_reason=None,
+        failure_count=0,
+        last_error=None,
+        last_run_at=NOW - timedelta(seconds=30),
+        run_count=1,
+        next_run_at=NOW,
+        ready_at=NOW,
+        orphaned_no_worker=False,
+        attempt=1 if lease else 0,
+        lease=lease,
+        revision=1,
+        created_at=NOW - timedelta(hours=1),
+        updated_at=NOW,
+        read_at=NOW,
+        live_runs=live_runs,
+    )
+
+
+def test_a_lease_is_shown_and_executing_only_while_live() -> None:
+    live = domain.Lease("replica", 7, NOW + timedelta(seconds=1))
+    expired = domain.Lease("replica", 7, NOW)
+    assert stored(lease=live, update_interval_ms=1000).live_lease == live
+    assert stored(lease=live, update_interval_ms=1000).executing
+    assert stored(lease=expired, update_interval_ms=1000).live_lease is None
+    assert not stored(lease=expired, update_interval_ms=1000).executing
+    assert stored(live_runs=2, update_interval_ms=1000, blocking=False).executing
+    assert stored(update_interval_ms=1000).state.next_run_at == NOW
+
+
+def test_an_edited_schedule_runs_next_from_the_last_run_or_the_new_due_time() -> None:
+    task = stored(update_interval_ms=60_000)
+    every_minute = Schedule(update_interval_ms=60_000)
+    every_hour_cron = Schedule(cron="0 * * * *")
+    later = NOW + timedelta(days=1)
+    after_last = task.last_run_at + timedelta(minutes=1)  # type: ignore[operator]
+    assert (
+        rules.rescheduled(task, every_minute, repeat=True, due_at=None, due_changed=False, now=NOW)
+        == after_last
+    )
+    assert (
+        rules.rescheduled(task, every_minute, repeat=True, due_at=later, due_changed=True, now=NOW) == later
+    )
+    assert rules.rescheduled(task, every_hour_cron, repeat=True, due_at=None, due_changed=False, now=NOW) == (
+        NOW + timedelta(hours=1)
+    )
+    one_shot = Schedule()
+    assert rules.rescheduled(task, one_shot, repeat=False, due_at=None, due_changed=False, now=NOW) == NOW

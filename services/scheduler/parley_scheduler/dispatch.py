@@ -123,55 +123,52 @@ class Dispatcher:
 
         ``answered`` is called as soon as the worker has answered: writing the outcome is batched
         with others' and needs no dispatch slot (the lease keeps the task from being claimed)."""
-        state = claimed.state
-        name = state.name
-        started = time.perf_counter()
-        lag = (claimed.db_now - claimed.due).total_seconds()
-        report = domain.RunReport(claimed.id, name, claimed.attempt, domain.Outcome.SUCCEEDED)
+        report = domain.RunReport(claimed.id, claimed.state.name, claimed.attempt, domain.Outcome.SUCCEEDED)
         try:
-            if claimed.concurrent and claimed.slot is not None and not await self._advance(claimed):
-                # Given up rather than run: whoever takes the lease over sets the slot, then runs it.
-                report = replace(
-                    report,
-                    outcome=domain.Outcome.UNCERTAIN,
-                    error="the next slot could not be set; the run was not dispatched",
-                )
-                with contextlib.suppress(ParleyError):
-                    await self.store.release_lease(claimed.id, claimed.token, report.error)
-                return report
-            if rules.is_overdue(state, claimed.db_now):
-                self.metrics.overdue.labels(name).inc()
-                log.warning(
-                    "repeat task overdue",
-                    task_id=str(claimed.id),
-                    worker=name,
-                    late_seconds=round(lag, 3),
-                    missed_run=state.schedule.missed_run.value,
-                )
-                if state.schedule.missed_run is domain.MissedRun.SKIP:
-                    skip = functools.partial(rules.on_skip, now=claimed.db_now)
-                    report = await self._finish(claimed, skip, report, started)
-                    return report
-            self.metrics.lag.observe(max(0.0, lag))
-            decide, report = await self._dispatch(claimed, report)
-            answered()
-            if decide is None:
-                report = replace(report, duration_ms=(time.perf_counter() - started) * 1000)
-                return report
-            report = await self._finish(claimed, decide, report, started)
-            return report
+            report = await self._run(claimed, report, answered)
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("run failed unexpectedly", task_id=str(claimed.id), worker=name)
+            log.exception("run failed unexpectedly", task_id=str(claimed.id), worker=report.name)
             report = replace(
                 report,
                 outcome=domain.Outcome.UNCERTAIN,
                 error="the scheduler failed while running the task; its lease will expire",
             )
-            return report
         finally:
-            self.metrics.executed.labels(name, report.outcome.value).inc()
+            self.metrics.executed.labels(report.name, report.outcome.value).inc()
+        return report
+
+    async def _run(
+        self, claimed: Claimed, report: domain.RunReport, answered: Callable[[], None]
+    ) -> domain.RunReport:
+        state = claimed.state
+        started = time.perf_counter()
+        lag = (claimed.db_now - claimed.due).total_seconds()
+        if claimed.concurrent and claimed.slot is not None and not await self._advance(claimed):
+            # Given up rather than run: whoever takes the lease over sets the slot, then runs it.
+            error = "the next slot could not be set; the run was not dispatched"
+            with contextlib.suppress(ParleyError):
+                await self.store.release_lease(claimed.id, claimed.token, error)
+            return replace(report, outcome=domain.Outcome.UNCERTAIN, error=error)
+        if rules.is_overdue(state, claimed.db_now):
+            self.metrics.overdue.labels(state.name).inc()
+            log.warning(
+                "repeat task overdue",
+                task_id=str(claimed.id),
+                worker=state.name,
+                late_seconds=round(lag, 3),
+                missed_run=state.schedule.missed_run.value,
+            )
+            if state.schedule.missed_run is domain.MissedRun.SKIP:
+                skip = functools.partial(rules.on_skip, now=claimed.db_now)
+                return await self._finish(claimed, skip, report, started)
+        self.metrics.lag.observe(max(0.0, lag))
+        decide, report = await self._dispatch(claimed, report)
+        answered()
+        if decide is None:
+            return replace(report, duration_ms=(time.perf_counter() - started) * 1000)
+        return await self._finish(claimed, decide, report, started)
 
     async def _advance(self, claimed: Claimed) -> bool:
         """A non-blocking task's slot was claimed: set its next slot, so that the task is claimed again
