@@ -39,7 +39,7 @@ from parley_platform.infra import free_port
 from parley_platform.postgres import Database, migrate
 from parley_platform.rpc import RpcClient
 from parley_platform.testing import ServiceProcess, create_database, drop_database, eventually
-from parley_scheduler import domain
+from parley_scheduler import domain, rules
 from parley_scheduler.store import (
     MIGRATIONS_DIR,
     SCHEMA,
@@ -47,7 +47,6 @@ from parley_scheduler.store import (
     SchedulerStore,
     insert_row,
     run_completion_row,
-    state_of,
 )
 from support import SessionEnv
 
@@ -1094,7 +1093,7 @@ async def test_racing_claimers_take_each_slot_of_a_non_blocking_task_once(test_e
             [row] = await SchedulerStore(setup).insert([insert_row(spec, now())])
         finally:
             await setup.close()
-        task_id = row["id"]
+        task_id = row.id
         won: list[tuple[int, Claimed]] = []
         stores = [
             SchedulerStore(Database(url, name=f"claimer-{i}", min_size=1, max_size=1))
@@ -1111,22 +1110,22 @@ async def test_racing_claimers_take_each_slot_of_a_non_blocking_task_once(test_e
                     assert claimed.slot is not None
                     assert claimed.attempt == 1
                     won.append((index, claimed))
-                    following, ready = domain.slot_after_claim(claimed.state, claimed.db_now)
+                    following, ready = rules.slot_after_claim(claimed.state, claimed.db_now)
                     assert await store.advance_slot(claimed.id, claimed.slot, following, ready)
 
         async def fail(index: int, claimed: Claimed) -> int:
             store, state, tries = stores[index], claimed.state, 1
             while True:
-                outcome = domain.on_failure(state, claimed.db_now, error="boom", retry_at=None)
+                outcome = rules.on_failure(state, claimed.db_now, error="boom", retry_at=None)
                 applied, held = await store.finish_run(
-                    run_completion_row(claimed, state, domain.for_concurrent_run(outcome))
+                    run_completion_row(claimed, state, rules.for_concurrent_run(outcome))
                 )
                 if applied:
                     return tries
                 assert held, "a run lost its lease"
                 current = await store.get(claimed.id, None)
                 assert current is not None
-                state, tries = state_of(current), tries + 1
+                state, tries = current.state, tries + 1
 
         try:
             await asyncio.wait_for(asyncio.gather(*(claimer(i) for i in range(claimers))), 60)

@@ -14,7 +14,7 @@ import pytest
 
 from parley_platform.postgres import Database, migrate
 from parley_platform.testing import eventually
-from parley_scheduler import domain
+from parley_scheduler import domain, rules
 from parley_scheduler.store import (
     MIGRATIONS_DIR,
     NOTIFY_CHANNEL,
@@ -75,8 +75,8 @@ def repeat(interval_ms: float = 1000, **meta: object) -> domain.NewTask:
 
 async def insert(store: SchedulerStore, tasks: list[domain.NewTask]) -> list[uuid.UUID]:
     now = datetime.now(UTC) - timedelta(milliseconds=5)
-    rows = await store.insert([insert_row(task, now) for task in tasks])
-    return [row["id"] for row in rows]
+    created = await store.insert([insert_row(task, now) for task in tasks])
+    return [task.id for task in created]
 
 
 async def test_racing_claimers_take_each_due_task_exactly_once(database: str, store: SchedulerStore) -> None:
@@ -123,18 +123,18 @@ async def test_an_expired_lease_is_claimed_again_as_the_next_attempt(store: Sche
     assert second.token > first.token
 
     # The crashed attempt's late completion is rejected; the live one applies.
-    done = domain.on_success(first.state, first.db_now, next_interval_ms=None, preserve=False)
+    done = rules.on_success(first.state, first.db_now, next_interval_ms=None, preserve=False)
     assert await store.finish([(first.id, first.token)], []) == {}
     assert await store.finish([(second.id, second.token)], []) == {str(task_id): True}
     assert done.delete
     [uncertain] = await store.uncertain_attempts(task_id, None)
-    assert (uncertain["attempt"], uncertain["owner"]) == (1, "crashed")
+    assert (uncertain.attempt, uncertain.owner) == (1, "crashed")
 
 
 async def test_racing_completions_with_one_token_apply_once(database: str, store: SchedulerStore) -> None:
     [task_id] = await insert(store, [repeat(1000)])
     [claimed] = await store.claim_due("me", 60_000, 10)
-    completion = domain.on_failure(claimed.state, claimed.db_now, error="boom", retry_at=None)
+    completion = rules.on_failure(claimed.state, claimed.db_now, error="boom", retry_at=None)
     row = completion_row(claimed, completion)
 
     async def complete(index: int) -> dict[str, bool]:
@@ -149,10 +149,10 @@ async def test_racing_completions_with_one_token_apply_once(database: str, store
     assert sum(1 for r in results if r) == 1
     current = await store.get(task_id, None)
     assert current is not None
-    assert (current["status"], current["failure_count"], current["last_error"]) == ("active", 1, "boom")
-    assert current["update_interval_ms"] == 2000
-    assert current["base_interval_ms"] == 1000
-    assert current["lease_expires_at"] is None
+    assert (current.status, current.failure_count, current.last_error) == ("active", 1, "boom")
+    assert current.schedule.update_interval_ms == 2000
+    assert current.schedule.base_interval_ms == 1000
+    assert current.lease is None
 
 
 async def test_racing_executes_of_one_task_claim_it_once(database: str, store: SchedulerStore) -> None:
@@ -175,34 +175,34 @@ async def test_completion_applies_the_rules_and_respects_an_operator_pause(store
     [claimed] = await store.claim_due("me", 60_000, 10)
     paused = await store.pause(task_id, None)
     assert paused is not None
-    assert paused["status"] == "paused"
-    done = domain.on_success(claimed.state, claimed.db_now, next_interval_ms=500, preserve=False)
+    assert paused.status == "paused"
+    done = rules.on_success(claimed.state, claimed.db_now, next_interval_ms=500, preserve=False)
     assert await store.finish([], [completion_row(claimed, done)]) == {str(task_id): False}
     row = await store.get(task_id, None)
     assert row is not None
     # Still paused by the operator, and the schedule kept: the pause bumped the revision mid-run.
-    assert (row["status"], row["pause_reason"], row["lease_expires_at"]) == ("paused", "operator", None)
-    assert row["update_interval_ms"] == 1000
-    assert row["run_count"] == 1
+    assert (row.status, row.pause_reason, row.lease) == ("paused", "operator", None)
+    assert row.schedule.update_interval_ms == 1000
+    assert row.run_count == 1
     resumed = await store.resume(task_id, None, now=True)
     assert resumed is not None
-    assert resumed["status"] == "active"
+    assert resumed.status == "active"
     assert [c.id for c in await store.claim_due("me", 60_000, 10)] == [task_id]
 
 
 async def test_success_reschedules_from_the_database_clock(store: SchedulerStore) -> None:
     [task_id] = await insert(store, [repeat(1000)])
     [claimed] = await store.claim_due("me", 60_000, 10)
-    done = domain.on_success(claimed.state, claimed.db_now, next_interval_ms=1500, preserve=False)
+    done = rules.on_success(claimed.state, claimed.db_now, next_interval_ms=1500, preserve=False)
     await store.finish([], [completion_row(claimed, done)])
     row = await store.get(task_id, None)
     assert row is not None
-    assert row["status"] == "active"
-    assert row["update_interval_ms"] == 1500
-    assert row["base_interval_ms"] is None
-    gap = (row["next_run_at"] - row["last_run_at"]).total_seconds()
+    assert row.status == "active"
+    assert row.schedule.update_interval_ms == 1500
+    assert row.schedule.base_interval_ms is None
+    gap = (row.next_run_at - row.last_run_at).total_seconds()
     assert 1.49 < gap < 1.6
-    assert row["ready_at"] == row["next_run_at"]
+    assert row.ready_at == row.next_run_at
 
 
 async def test_heartbeat_extends_only_the_current_lease(store: SchedulerStore) -> None:
@@ -227,7 +227,7 @@ async def test_the_trigger_notifies_when_a_queue_task_becomes_due(
         seen = [n async for n in listener.notifies(timeout=2, stop_after=1)]
         assert len(seen) == 1, "one insert statement notifies once"
         [claimed] = await store.claim_due("me", 60_000, 1)
-        done = domain.on_failure(claimed.state, claimed.db_now, error="x", retry_at=None)
+        done = rules.on_failure(claimed.state, claimed.db_now, error="x", retry_at=None)
         # A failed one-shot is not due again: no notification for it.
         await store.finish([], [completion_row(claimed, done)])
         assert [n async for n in listener.notifies(timeout=0.3)] == []

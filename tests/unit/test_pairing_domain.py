@@ -18,10 +18,11 @@ from parley.v1 import pairing_pb2
 from parley_cli import main as cli_main
 from parley_clients.pairing import DmPolicy, dm_policy, pairing_reply
 from parley_pairing import domain
-from parley_pairing.api import timestamp_pb, well_formed
+from parley_pairing.api import well_formed
+from parley_platform.convert import timestamp
 from parley_platform.errors import InvalidArgument
 from parley_platform.infra import free_port
-from parley_platform.paging import page_bounds
+from parley_platform.paging import Page, cut, page_bounds
 
 DOMAIN_SOURCE = Path(domain.__file__)
 
@@ -144,17 +145,17 @@ def test_page_bounds_refuse_everything_else_naming_the_field(
 
 
 def test_cut_reports_the_next_page_only_when_there_is_one() -> None:
-    page = domain.Page.of(3, 6)
+    page = Page(*page_bounds(3, 6))
     assert page.fetch == 4
-    more = domain.cut(page, [1, 2, 3, 4])
-    assert (more.items, more.has_more, more.next_offset) == ([1, 2, 3], True, 9)
-    last = domain.cut(page, [1, 2, 3])
-    assert (last.items, last.has_more, last.next_offset) == ([1, 2, 3], False, None)
-    empty = domain.cut(page, [])
-    assert (empty.items, empty.has_more, empty.next_offset, empty.offset, empty.limit) == (
+    items, more = cut(page, [1, 2, 3, 4])
+    assert (items, more.has_more, more.next_offset) == ([1, 2, 3], True, 9)
+    items, last = cut(page, [1, 2, 3])
+    assert (items, last.has_more, last.HasField("next_offset")) == ([1, 2, 3], False, False)
+    items, empty = cut(page, [])
+    assert (items, empty.has_more, empty.HasField("next_offset"), empty.offset, empty.limit) == (
         [],
         False,
-        None,
+        False,
         6,
         3,
     )
@@ -294,4 +295,4 @@ def test_cli_parses_every_pairing_command() -> None:
 def test_timestamps_convert_exactly(when: datetime) -> None:
     expected = Timestamp()
     expected.FromDatetime(when)
-    assert timestamp_pb(when) == expected
+    assert timestamp(when) == expected

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parley_platform.errors import InvalidArgument
-from parley_scheduler import cron, domain
+from parley_scheduler import cron, domain, rules
 from parley_scheduler.domain import MetadataInput, Outcome, PauseReason, Schedule, Status, TaskState
 
 NOW = datetime(2025, 3, 10, 12, 0, 0, tzinfo=UTC)
@@ -98,10 +98,10 @@ def test_blocking_false_makes_a_repeat_task_concurrent() -> None:
         MetadataInput(cron="* * * * *", blocking=False),
     ):
         assert not domain.validate_schedule(meta, repeat=True).blocking
-    assert domain.concurrent(state(update_interval_ms=1000, blocking=False))
-    assert not domain.concurrent(state(update_interval_ms=1000))
+    assert rules.concurrent(state(update_interval_ms=1000, blocking=False))
+    assert not rules.concurrent(state(update_interval_ms=1000))
     # A one-shot has one run whatever it says.
-    assert not domain.concurrent(state(repeat=False, blocking=False))
+    assert not rules.concurrent(state(repeat=False, blocking=False))
 
 
 @pytest.mark.parametrize(
@@ -146,42 +146,42 @@ def test_invalid_tasks_name_their_field(kwargs: dict[str, object], field: str) -
 
 def test_first_runs() -> None:
     one_shot = Schedule()
-    assert domain.first_run(repeat=False, schedule=one_shot, due_at=None, created_at=NOW) == NOW
+    assert rules.first_run(repeat=False, schedule=one_shot, due_at=None, created_at=NOW) == NOW
     later = NOW + timedelta(minutes=5)
-    assert domain.first_run(repeat=False, schedule=one_shot, due_at=later, created_at=NOW) == later
+    assert rules.first_run(repeat=False, schedule=one_shot, due_at=later, created_at=NOW) == later
     assert (
-        domain.first_run(repeat=False, schedule=Schedule(scheduled_at=later), due_at=None, created_at=NOW)
+        rules.first_run(repeat=False, schedule=Schedule(scheduled_at=later), due_at=None, created_at=NOW)
         == later
     )
     interval = Schedule(update_interval_ms=1500)
-    assert domain.first_run(repeat=True, schedule=interval, due_at=None, created_at=NOW) == NOW + timedelta(
+    assert rules.first_run(repeat=True, schedule=interval, due_at=None, created_at=NOW) == NOW + timedelta(
         milliseconds=1500
     )
-    assert domain.first_run(repeat=True, schedule=interval, due_at=later, created_at=NOW) == later
+    assert rules.first_run(repeat=True, schedule=interval, due_at=later, created_at=NOW) == later
     hourly = Schedule(cron="@hourly")
-    assert domain.first_run(repeat=True, schedule=hourly, due_at=None, created_at=NOW) == NOW + timedelta(
+    assert rules.first_run(repeat=True, schedule=hourly, due_at=None, created_at=NOW) == NOW + timedelta(
         hours=1
     )
 
 
 def test_not_before_makes_a_repeat_task_due_early() -> None:
     s = Schedule(update_interval_ms=1000, not_before_ms=200)
-    assert domain.ready_at(NOW, s, repeat=True) == NOW - timedelta(milliseconds=200)
-    assert domain.ready_at(NOW, s, repeat=False) == NOW
+    assert rules.ready_at(NOW, s, repeat=True) == NOW - timedelta(milliseconds=200)
+    assert rules.ready_at(NOW, s, repeat=False) == NOW
 
 
 # --- success -----------------------------------------------------------------------------------------
 
 
 def test_one_shot_success_deletes_it() -> None:
-    done = domain.on_success(state(repeat=False), NOW, next_interval_ms=None, preserve=False)
+    done = rules.on_success(state(repeat=False), NOW, next_interval_ms=None, preserve=False)
     assert done.delete
     assert done.outcome is Outcome.SUCCEEDED
 
 
 def test_repeat_success_resets_failures_and_restores_the_base_interval() -> None:
     s = state(failures=3, update_interval_ms=8000, base_interval_ms=1000)
-    done = domain.on_success(s, NOW, next_interval_ms=None, preserve=False)
+    done = rules.on_success(s, NOW, next_interval_ms=None, preserve=False)
     assert not done.delete
     assert (done.failure_count, done.last_error, done.status) == (0, None, Status.ACTIVE)
     assert (done.update_interval_ms, done.base_interval_ms) == (1000, 1000)
@@ -190,7 +190,7 @@ def test_repeat_success_resets_failures_and_restores_the_base_interval() -> None
 
 def test_adaptive_interval_replaces_the_interval_and_drops_the_base() -> None:
     s = state(update_interval_ms=8000, base_interval_ms=1000)
-    done = domain.on_success(s, NOW, next_interval_ms=250.4, preserve=False)
+    done = rules.on_success(s, NOW, next_interval_ms=250.4, preserve=False)
     assert (done.update_interval_ms, done.base_interval_ms, done.delay_ms) == (250, None, 250)
     assert done.last_error is None
 
@@ -198,18 +198,18 @@ def test_adaptive_interval_replaces_the_interval_and_drops_the_base() -> None:
 @pytest.mark.parametrize("bad", [0.0, -1.0, math.nan, math.inf, 1e15])
 def test_invalid_adaptive_interval_is_reported_and_ignored(bad: float) -> None:
     s = state(update_interval_ms=8000, base_interval_ms=1000)
-    done = domain.on_success(s, NOW, next_interval_ms=bad, preserve=False)
+    done = rules.on_success(s, NOW, next_interval_ms=bad, preserve=False)
     assert done.last_error is not None
     assert done.last_error.startswith("TASK_ADAPTIVE_INTERVAL_INVALID")
     assert (done.update_interval_ms, done.delay_ms, done.failure_count) == (1000, 1000, 0)
 
 
 def test_preserve_keeps_the_task_as_it_was() -> None:
-    one_shot = domain.on_success(state(repeat=False, failures=1), NOW, next_interval_ms=None, preserve=True)
+    one_shot = rules.on_success(state(repeat=False, failures=1), NOW, next_interval_ms=None, preserve=True)
     assert not one_shot.delete
     assert one_shot.failure_count == 1
     assert one_shot.delay_ms > 0
-    repeat = domain.on_success(
+    repeat = rules.on_success(
         state(failures=2, update_interval_ms=4000, base_interval_ms=1000),
         NOW,
         next_interval_ms=50,
@@ -220,7 +220,7 @@ def test_preserve_keeps_the_task_as_it_was() -> None:
 
 def test_cron_success_schedules_the_next_firing_and_drops_backoff() -> None:
     s = state(cron="*/15 * * * *", update_interval_ms=4000, base_interval_ms=1000)
-    done = domain.on_success(s, NOW + timedelta(minutes=1), next_interval_ms=None, preserve=False)
+    done = rules.on_success(s, NOW + timedelta(minutes=1), next_interval_ms=None, preserve=False)
     assert done.next_at == NOW + timedelta(minutes=15)
     assert (done.update_interval_ms, done.base_interval_ms, done.delay_ms) == (None, None, 0)
 
@@ -232,7 +232,7 @@ def test_failures_double_the_interval_and_pause_at_the_default_limit() -> None:
     s = state(update_interval_ms=100)
     intervals = []
     for run in range(1, 6):
-        done = domain.on_failure(s, NOW, error="boom", retry_at=None)
+        done = rules.on_failure(s, NOW, error="boom", retry_at=None)
         intervals.append(done.update_interval_ms)
         assert done.failure_count == run
         assert done.last_error == "boom"
@@ -253,122 +253,120 @@ def test_failures_double_the_interval_and_pause_at_the_default_limit() -> None:
 
 
 def test_zero_max_failures_never_pauses_and_the_backoff_is_capped() -> None:
-    done = domain.on_failure(
+    done = rules.on_failure(
         state(failures=40, update_interval_ms=1000, max_failures=0), NOW, error="x", retry_at=None
     )
     assert done.status is Status.ACTIVE
-    assert done.update_interval_ms == domain.MAX_BACKOFF_MS == 300_000
+    assert done.update_interval_ms == rules.MAX_BACKOFF_MS == 300_000
     assert done.base_interval_ms == 1000
 
 
 def test_backoff_base_defaults_to_one_second() -> None:
-    assert domain.backoff_ms(Schedule(), 1) == (1000, 2000)
-    assert domain.backoff_ms(Schedule(update_interval_ms=50, base_interval_ms=70), 2) == (70, 280)
+    assert rules.backoff_ms(Schedule(), 1) == (1000, 2000)
+    assert rules.backoff_ms(Schedule(update_interval_ms=50, base_interval_ms=70), 2) == (70, 280)
 
 
 def test_retry_at_pushes_later_never_earlier() -> None:
     later = NOW + timedelta(hours=1)
-    done = domain.on_failure(state(update_interval_ms=100), NOW, error="x", retry_at=later)
+    done = rules.on_failure(state(update_interval_ms=100), NOW, error="x", retry_at=later)
     assert (done.next_at, done.delay_ms) == (later, 200)  # the store takes the later of the two
 
 
 def test_one_shot_failure_is_kept_failed_unless_attempts_remain() -> None:
-    done = domain.on_failure(state(repeat=False), NOW, error="nope", retry_at=None)
+    done = rules.on_failure(state(repeat=False), NOW, error="nope", retry_at=None)
     assert (done.status, done.delete, done.last_error, done.failure_count) == (
         Status.FAILED,
         False,
         "nope",
         1,
     )
-    retried = domain.on_failure(state(repeat=False, max_attempts=3), NOW, error="nope", retry_at=None)
+    retried = rules.on_failure(state(repeat=False, max_attempts=3), NOW, error="nope", retry_at=None)
     assert retried.status is Status.ACTIVE
     assert retried.delay_ms == 2000
-    last = domain.on_failure(
-        state(repeat=False, max_attempts=3, failures=2), NOW, error="nope", retry_at=None
-    )
+    last = rules.on_failure(state(repeat=False, max_attempts=3, failures=2), NOW, error="nope", retry_at=None)
     assert last.status is Status.FAILED
 
 
 def test_failure_messages_are_clipped() -> None:
-    done = domain.on_failure(state(update_interval_ms=1), NOW, error="x" * 10_000, retry_at=None)
+    done = rules.on_failure(state(update_interval_ms=1), NOW, error="x" * 10_000, retry_at=None)
     assert done.last_error is not None
-    assert len(done.last_error) == domain.MAX_ERROR_CHARS
+    assert len(done.last_error) == rules.MAX_ERROR_CHARS
 
 
 # --- no worker, missed runs --------------------------------------------------------------------------
 
 
 def test_no_worker_skips_in_the_grace_period_then_orphans_or_fails() -> None:
-    early = domain.on_no_worker(state(update_interval_ms=1000), in_grace=True, retry_ms=500)
+    early = rules.on_no_worker(state(update_interval_ms=1000), in_grace=True, retry_ms=500)
     assert (early.status, early.keep_schedule, early.delay_ms, early.orphaned) == (
         Status.ACTIVE,
         True,
         500,
         False,
     )
-    orphan = domain.on_no_worker(state(update_interval_ms=1000), in_grace=False, retry_ms=500)
+    orphan = rules.on_no_worker(state(update_interval_ms=1000), in_grace=False, retry_ms=500)
     assert (orphan.status, orphan.pause_reason, orphan.orphaned) == (
         Status.PAUSED,
         PauseReason.NO_WORKER,
         True,
     )
-    one_shot = domain.on_no_worker(state(repeat=False), in_grace=False, retry_ms=500)
+    one_shot = rules.on_no_worker(state(repeat=False), in_grace=False, retry_ms=500)
     assert one_shot.status is Status.FAILED
     assert "WORK" in (one_shot.last_error or "")
 
 
 def test_overdue_and_skip_to_the_next_slot() -> None:
     s = state(update_interval_ms=1000, not_after_ms=300)
-    assert not domain.is_overdue(s, NOW + timedelta(milliseconds=300))
-    assert domain.is_overdue(s, NOW + timedelta(milliseconds=301))
-    assert not domain.is_overdue(state(repeat=False), NOW + timedelta(days=1))
+    assert not rules.is_overdue(s, NOW + timedelta(milliseconds=300))
+    assert rules.is_overdue(s, NOW + timedelta(milliseconds=301))
+    assert not rules.is_overdue(state(repeat=False), NOW + timedelta(days=1))
     default_grace = state(update_interval_ms=1000)
-    assert not domain.is_overdue(default_grace, NOW + timedelta(milliseconds=999))
-    assert domain.is_overdue(default_grace, NOW + timedelta(milliseconds=1001))
-    skipped = domain.on_skip(
+    assert not rules.is_overdue(default_grace, NOW + timedelta(milliseconds=999))
+    assert rules.is_overdue(default_grace, NOW + timedelta(milliseconds=1001))
+    skipped = rules.on_skip(
         state(update_interval_ms=1000, missed_run=domain.MissedRun.SKIP), NOW + timedelta(seconds=3.5)
     )
     assert skipped.outcome is Outcome.SKIPPED
     assert not skipped.ran
     assert skipped.next_at == NOW + timedelta(seconds=4)
-    cron_skip = domain.on_skip(state(cron="0 * * * *"), NOW + timedelta(hours=2, minutes=5))
+    cron_skip = rules.on_skip(state(cron="0 * * * *"), NOW + timedelta(hours=2, minutes=5))
     assert cron_skip.next_at == NOW + timedelta(hours=3)
 
 
 def test_a_non_blocking_task_moves_to_its_next_slot_when_one_is_claimed() -> None:
     s = state(update_interval_ms=1000, blocking=False)
     # Claimed on time (or early, by not_before): the slot after it.
-    assert domain.slot_after_claim(s, NOW) == (NOW + timedelta(seconds=1),) * 2
-    assert domain.slot_after_claim(s, NOW - timedelta(milliseconds=200))[0] == NOW + timedelta(seconds=1)
+    assert rules.slot_after_claim(s, NOW) == (NOW + timedelta(seconds=1),) * 2
+    assert rules.slot_after_claim(s, NOW - timedelta(milliseconds=200))[0] == NOW + timedelta(seconds=1)
     # Claimed late (downtime): this run is the one catch-up, then the cadence goes on from now.
-    assert domain.slot_after_claim(s, NOW + timedelta(seconds=3.5))[0] == NOW + timedelta(seconds=4)
+    assert rules.slot_after_claim(s, NOW + timedelta(seconds=3.5))[0] == NOW + timedelta(seconds=4)
     early = state(update_interval_ms=1000, not_before_ms=100, blocking=False)
-    assert domain.slot_after_claim(early, NOW) == (NOW + timedelta(seconds=1), NOW + timedelta(seconds=0.9))
+    assert rules.slot_after_claim(early, NOW) == (NOW + timedelta(seconds=1), NOW + timedelta(seconds=0.9))
     hourly = state(cron="0 * * * *", blocking=False)
-    assert domain.slot_after_claim(hourly, NOW)[0] == NOW + timedelta(hours=1)
-    assert domain.slot_after_claim(hourly, NOW - timedelta(minutes=1))[0] == NOW + timedelta(hours=1)
+    assert rules.slot_after_claim(hourly, NOW)[0] == NOW + timedelta(hours=1)
+    assert rules.slot_after_claim(hourly, NOW - timedelta(minutes=1))[0] == NOW + timedelta(hours=1)
 
 
 def test_a_non_blocking_run_keeps_the_next_slot_unless_its_failure_pushes_it_later() -> None:
     s = state(update_interval_ms=1000, blocking=False)
-    success = domain.for_concurrent_run(domain.on_success(s, NOW, next_interval_ms=None, preserve=False))
+    success = rules.for_concurrent_run(rules.on_success(s, NOW, next_interval_ms=None, preserve=False))
     assert (success.next_at, success.delay_ms, success.ran, success.failure_count) == (None, 0, True, 0)
-    skipped = domain.for_concurrent_run(domain.on_skip(s, NOW + timedelta(seconds=3.5)))
+    skipped = rules.for_concurrent_run(rules.on_skip(s, NOW + timedelta(seconds=3.5)))
     assert (skipped.next_at, skipped.delay_ms, skipped.ran) == (None, 0, False)
     # Failures still count, back off and pause.
-    failed = domain.for_concurrent_run(domain.on_failure(s, NOW, error="x", retry_at=None))
+    failed = rules.for_concurrent_run(rules.on_failure(s, NOW, error="x", retry_at=None))
     assert (failed.failure_count, failed.update_interval_ms, failed.delay_ms) == (1, 2000, 2000)
-    last = domain.for_concurrent_run(
-        domain.on_failure(
+    last = rules.for_concurrent_run(
+        rules.on_failure(
             state(update_interval_ms=1000, blocking=False, failures=4), NOW, error="x", retry_at=None
         )
     )
     assert (last.status, last.pause_reason) == (Status.PAUSED, PauseReason.MAX_FAILURES)
     retry = NOW + timedelta(minutes=5)
-    assert domain.for_concurrent_run(domain.on_failure(s, NOW, error="x", retry_at=retry)).next_at == retry
-    waiting = domain.for_concurrent_run(domain.on_no_worker(s, in_grace=True, retry_ms=500))
+    assert rules.for_concurrent_run(rules.on_failure(s, NOW, error="x", retry_at=retry)).next_at == retry
+    waiting = rules.for_concurrent_run(rules.on_no_worker(s, in_grace=True, retry_ms=500))
     assert waiting.delay_ms == 500
-    orphaned = domain.for_concurrent_run(domain.on_no_worker(s, in_grace=False, retry_ms=500))
+    orphaned = rules.for_concurrent_run(rules.on_no_worker(s, in_grace=False, retry_ms=500))
     assert (orphaned.status, orphaned.orphaned, orphaned.delay_ms) == (Status.PAUSED, True, 0)
 
 
@@ -448,3 +446,71 @@ def test_cron_errors_say_which_part(expression: str, part: str) -> None:
     with pytest.raises(cron.CronError) as caught:
         cron.parse(expression)
     assert part in str(caught.value)
+
+
+# --- stored tasks -----------------------------------------------------------------------------------
+
+
+def stored(
+    *, repeat: bool = True, lease: domain.Lease | None = None, live_runs: int = 0, **schedule: object
+) -> domain.Task:
+    return domain.Task(
+        id=uuid.uuid4(),
+        agent_id=uuid.uuid4(),
+        name="WORK",
+        description="",
+        tags=("queue", "repeat") if repeat else ("queue",),
+        room_id=None,
+        world_id=None,
+        entity_id=None,
+        due_at=None,
+        schedule=Schedule(**schedule),  # type: ignore[arg-type]
+        values={},
+        status=Status.RUNNING if lease else Status.ACTIVE,
+        pause_reason=None,
+        failure_count=0,
+        last_error=None,
+        last_run_at=NOW - timedelta(seconds=30),
+        run_count=1,
+        next_run_at=NOW,
+        ready_at=NOW,
+        orphaned_no_worker=False,
+        attempt=1 if lease else 0,
+        lease=lease,
+        revision=1,
+        created_at=NOW - timedelta(hours=1),
+        updated_at=NOW,
+        read_at=NOW,
+        live_runs=live_runs,
+    )
+
+
+def test_a_lease_is_shown_and_executing_only_while_live() -> None:
+    live = domain.Lease("replica", 7, NOW + timedelta(seconds=1))
+    expired = domain.Lease("replica", 7, NOW)
+    assert stored(lease=live, update_interval_ms=1000).live_lease == live
+    assert stored(lease=live, update_interval_ms=1000).executing
+    assert stored(lease=expired, update_interval_ms=1000).live_lease is None
+    assert not stored(lease=expired, update_interval_ms=1000).executing
+    assert stored(live_runs=2, update_interval_ms=1000, blocking=False).executing
+    assert stored(update_interval_ms=1000).state.next_run_at == NOW
+
+
+def test_an_edited_schedule_runs_next_from_the_last_run_or_the_new_due_time() -> None:
+    task = stored(update_interval_ms=60_000)
+    every_minute = Schedule(update_interval_ms=60_000)
+    every_hour_cron = Schedule(cron="0 * * * *")
+    later = NOW + timedelta(days=1)
+    after_last = task.last_run_at + timedelta(minutes=1)  # type: ignore[operator]
+    assert (
+        rules.rescheduled(task, every_minute, repeat=True, due_at=None, due_changed=False, now=NOW)
+        == after_last
+    )
+    assert (
+        rules.rescheduled(task, every_minute, repeat=True, due_at=later, due_changed=True, now=NOW) == later
+    )
+    assert rules.rescheduled(task, every_hour_cron, repeat=True, due_at=None, due_changed=False, now=NOW) == (
+        NOW + timedelta(hours=1)
+    )
+    one_shot = Schedule()
+    assert rules.rescheduled(task, one_shot, repeat=False, due_at=None, due_changed=False, now=NOW) == NOW

@@ -6,30 +6,27 @@ input is INVALID_ARGUMENT naming the field even when the database is down.
 
 from __future__ import annotations
 
-import math
-from datetime import datetime
-
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
-from google.protobuf.timestamp_pb2 import Timestamp
 from google.protobuf.unknown_fields import UnknownFieldSet
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from parley.v1 import pairing_pb2
-from parley_platform.errors import InvalidArgument, NotFound
+from parley.v1 import common_pb2, pairing_pb2
+from parley_platform import codes
+from parley_platform.convert import timestamp
 from parley_platform.logging import get_logger
-from parley_platform.paging import MAX_LIMIT
+from parley_platform.paging import MAX_LIMIT, Page, cut, page_bounds
 
-from . import domain
-from .domain import AllowEntry, Page, PendingRequest
+from . import domain, errors
+from .domain import AllowEntry, PendingRequest, UpsertOutcome
 from .store import PairingStore
 
 log = get_logger(__name__)
 
 OUTCOMES = {
-    "created": pairing_pb2.UPSERT_OUTCOME_CREATED,
-    "existing": pairing_pb2.UPSERT_OUTCOME_EXISTING,
-    "full": pairing_pb2.UPSERT_OUTCOME_FULL,
+    UpsertOutcome.CREATED: pairing_pb2.UPSERT_OUTCOME_CREATED,
+    UpsertOutcome.EXISTING: pairing_pb2.UPSERT_OUTCOME_EXISTING,
+    UpsertOutcome.FULL: pairing_pb2.UPSERT_OUTCOME_FULL,
 }
 _SCALARS = {FieldDescriptor.TYPE_STRING: "a string", FieldDescriptor.TYPE_BOOL: "a bool"}
 _REQUIREMENTS = {"limit": f"an integer from 1 to {MAX_LIMIT}", "offset": "an integer of 0 or more"}
@@ -85,19 +82,9 @@ def well_formed(request: Message) -> None:
         if field is None:
             continue
         if field.name in _REQUIREMENTS:
-            raise InvalidArgument(
-                f"{field.name} must be {_REQUIREMENTS[field.name]}, got a non-integer", code="INVALID_PAGE"
-            )
+            raise codes.INVALID_PAGE(f"{field.name} must be {_REQUIREMENTS[field.name]}, got a non-integer")
         expected = field.message_type.name if field.message_type is not None else _SCALARS.get(field.type)
-        raise InvalidArgument(
-            f"{field.name} has the wrong type (expected {expected or 'a number'})", code="INVALID_FIELD"
-        )
-
-
-def timestamp_pb(value: datetime) -> Timestamp:
-    # Twice as fast as Timestamp.FromDatetime, which goes through time tuples; a page converts
-    # 150 of these. Exact: a double holds today's epoch seconds to well under a microsecond.
-    return Timestamp(seconds=math.floor(value.timestamp()), nanos=value.microsecond * 1000)
+        raise errors.INVALID_FIELD(f"{field.name} has the wrong type (expected {expected or 'a number'})")
 
 
 def request_pb(request: PendingRequest) -> pairing_pb2.PairingRequest:
@@ -107,9 +94,9 @@ def request_pb(request: PendingRequest) -> pairing_pb2.PairingRequest:
         channel=request.channel,
         sender_id=request.sender_id,
         code=request.code,
-        created_at=timestamp_pb(request.created_at),
-        last_seen_at=timestamp_pb(request.last_seen_at),
-        expires_at=timestamp_pb(request.expires_at),
+        created_at=timestamp(request.created_at),
+        last_seen_at=timestamp(request.last_seen_at),
+        expires_at=timestamp(request.expires_at),
         metadata=request.metadata,
     )
 
@@ -120,17 +107,29 @@ def entry_pb(entry: AllowEntry) -> pairing_pb2.AllowlistEntry:
         agent_id=str(entry.agent_id),
         channel=entry.channel,
         sender_id=entry.sender_id,
-        created_at=timestamp_pb(entry.created_at),
+        created_at=timestamp(entry.created_at),
         added_by=entry.added_by,
         metadata=entry.metadata,
     )
 
 
 def _page(request: pairing_pb2.ListPendingRequestsPageRequest | pairing_pb2.GetAllowlistPageRequest) -> Page:
-    return Page.of(
-        request.limit if request.HasField("limit") else None,
-        request.offset if request.HasField("offset") else None,
+    return Page(
+        *page_bounds(
+            request.limit if request.HasField("limit") else None,
+            request.offset if request.HasField("offset") else None,
+        )
     )
+
+
+def _copy_page(
+    page: common_pb2.PageResponse,
+    response: pairing_pb2.ListPendingRequestsPageResponse | pairing_pb2.GetAllowlistPageResponse,
+) -> None:
+    """Pairing's pages carry the page fields inline rather than as a ``PageResponse``."""
+    response.limit, response.offset, response.has_more = page.limit, page.offset, page.has_more
+    if page.HasField("next_offset"):
+        response.next_offset = page.next_offset
 
 
 class PairingApi:
@@ -147,12 +146,11 @@ class PairingApi:
         sender_id = domain.text_id(request.sender_id, "sender_id")
         metadata = domain.metadata(request.metadata)
         upserted = await self.store.upsert_request(agent_id, channel, sender_id, metadata)
-        self.metrics.requests.labels(channel, upserted.outcome).inc()
-        if upserted.outcome == "created":
+        self.metrics.requests.labels(channel, upserted.outcome.value).inc()
+        created = upserted.outcome is UpsertOutcome.CREATED
+        if created:
             log.info("pairing request created", agent_id=str(agent_id), channel=channel)
-        response = pairing_pb2.UpsertRequestResponse(
-            created=upserted.outcome == "created", outcome=OUTCOMES[upserted.outcome]
-        )
+        response = pairing_pb2.UpsertRequestResponse(created=created, outcome=OUTCOMES[upserted.outcome])
         if upserted.request is not None:
             response.request.CopyFrom(request_pb(upserted.request))
         return response
@@ -165,11 +163,7 @@ class PairingApi:
         approved_by = domain.actor(request.approved_by, "approved_by")
         approved = await self.store.approve_code(agent_id, channel, code, approved_by)
         if approved is None:
-            raise NotFound(
-                f"no pending request with that code in channel {channel!r}",
-                code="CODE_NOT_FOUND",
-                hint="codes expire; see the live ones with `parley pairing list <channel>`",
-            )
+            raise errors.CODE_NOT_FOUND(f"no pending request with that code in channel {channel!r}")
         pending, entry = approved
         self.metrics.approvals.inc()
         log.info("pairing code approved", agent_id=str(agent_id), channel=channel, approved_by=approved_by)
@@ -182,11 +176,7 @@ class PairingApi:
         code = domain.normalize_code(request.code)
         denied = await self.store.deny_code(agent_id, channel, code)
         if denied is None:
-            raise NotFound(
-                f"no pending request with that code in channel {channel!r}",
-                code="CODE_NOT_FOUND",
-                hint="codes expire; see the live ones with `parley pairing list <channel>`",
-            )
+            raise errors.CODE_NOT_FOUND(f"no pending request with that code in channel {channel!r}")
         log.info("pairing code denied", agent_id=str(agent_id), channel=channel)
         return pairing_pb2.DenyCodeResponse(request=request_pb(denied))
 
@@ -243,15 +233,9 @@ class PairingApi:
         agent_id = domain.agent_uuid(request.agent_id)
         channel = domain.channel_name(request.channel)
         page = _page(request)
-        result = domain.cut(page, await self.store.pending_page(agent_id, channel, page))
-        response = pairing_pb2.ListPendingRequestsPageResponse(
-            items=[request_pb(item) for item in result.items],
-            limit=result.limit,
-            offset=result.offset,
-            has_more=result.has_more,
-        )
-        if result.next_offset is not None:
-            response.next_offset = result.next_offset
+        items, cut_page = cut(page, await self.store.pending_page(agent_id, channel, page))
+        response = pairing_pb2.ListPendingRequestsPageResponse(items=[request_pb(item) for item in items])
+        _copy_page(cut_page, response)
         return response
 
     async def GetAllowlistPage(
@@ -261,13 +245,7 @@ class PairingApi:
         agent_id = domain.agent_uuid(request.agent_id)
         channel = domain.channel_name(request.channel)
         page = _page(request)
-        result = domain.cut(page, await self.store.allowlist_page(agent_id, channel, page))
-        response = pairing_pb2.GetAllowlistPageResponse(
-            items=[entry_pb(item) for item in result.items],
-            limit=result.limit,
-            offset=result.offset,
-            has_more=result.has_more,
-        )
-        if result.next_offset is not None:
-            response.next_offset = result.next_offset
+        items, cut_page = cut(page, await self.store.allowlist_page(agent_id, channel, page))
+        response = pairing_pb2.GetAllowlistPageResponse(items=[entry_pb(item) for item in items])
+        _copy_page(cut_page, response)
         return response

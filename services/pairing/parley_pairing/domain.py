@@ -1,17 +1,18 @@
-"""Pure rules of pairing: codes, identifiers, metadata, pages. No I/O."""
+"""Pure rules of pairing: codes, identifiers, metadata, and the typed requests and entries. No I/O."""
 
 from __future__ import annotations
 
 import re
 import secrets
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Generic, TypeVar
+from enum import StrEnum
 
-from parley_platform.errors import InvalidArgument
-from parley_platform.paging import page_bounds
+from parley_platform import codes
+
+from . import errors
 
 # The spec's alphabet: no 0/O or 1/I, so a code read aloud or typed from a screenshot is unambiguous.
 ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
@@ -24,8 +25,6 @@ MAX_METADATA_ENTRIES = 32
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 1024
 DEFAULT_ACTOR = "operator"
-
-T = TypeVar("T")
 
 
 def new_code(length: int = CODE_LENGTH, alphabet: str = ALPHABET) -> str:
@@ -51,48 +50,38 @@ def normalize_code(raw: str) -> str:
     """What an operator typed, as a code: spaces anywhere removed, upper-cased."""
     code = "".join(raw.split()).upper()
     if not code:
-        raise InvalidArgument("code is required", code="CODE_REQUIRED")
+        raise errors.CODE_REQUIRED("code is required")
     if not _CODE.fullmatch(code):
         # The code is not echoed: it is what admits a sender.
-        raise InvalidArgument(
-            f"code must be {CODE_LENGTH} characters from {ALPHABET}",
-            code="INVALID_CODE",
-            hint="copy it from the pairing reply or `parley pairing list <channel>`",
-        )
+        raise errors.INVALID_CODE(f"code must be {CODE_LENGTH} characters from {ALPHABET}")
     return code
 
 
 def agent_uuid(value: str) -> uuid.UUID:
     if not value:
-        raise InvalidArgument("agent_id is required", code="AGENT_REQUIRED")
+        raise errors.AGENT_REQUIRED("agent_id is required")
     try:
         return uuid.UUID(value)
     except ValueError:
-        raise InvalidArgument(
-            "agent_id must be the agent's UUID",
-            code="INVALID_AGENT_ID",
-            hint="list them with `parley agents`",
-        ) from None
+        raise errors.INVALID_AGENT_ID("agent_id must be the agent's UUID") from None
 
 
 def channel_name(value: str) -> str:
     if not value:
-        raise InvalidArgument("channel is required (the connector, e.g. discord)", code="CHANNEL_REQUIRED")
+        raise errors.CHANNEL_REQUIRED("channel is required (the connector, e.g. discord)")
     if not _CHANNEL.fullmatch(value):
-        raise InvalidArgument(
-            "channel must be 1 to 64 letters, digits or _ . : - and start with a letter or digit",
-            code="INVALID_CHANNEL",
+        raise errors.INVALID_CHANNEL(
+            "channel must be 1 to 64 letters, digits or _ . : - and start with a letter or digit"
         )
     return value
 
 
 def text_id(value: str, field_name: str) -> str:
     if not value.strip():
-        raise InvalidArgument(f"{field_name} is required", code="INVALID_ID")
+        raise codes.INVALID_ID(f"{field_name} is required")
     if len(value) > MAX_ID_LENGTH or _CONTROL.search(value):
-        raise InvalidArgument(
-            f"{field_name} must be at most {MAX_ID_LENGTH} characters without control characters",
-            code="INVALID_ID",
+        raise codes.INVALID_ID(
+            f"{field_name} must be at most {MAX_ID_LENGTH} characters without control characters"
         )
     return value
 
@@ -103,56 +92,17 @@ def actor(value: str, field_name: str) -> str:
 
 def metadata(values: Mapping[str, str], field_name: str = "metadata") -> dict[str, str]:
     if len(values) > MAX_METADATA_ENTRIES:
-        raise InvalidArgument(
-            f"{field_name} may have at most {MAX_METADATA_ENTRIES} entries", code="INVALID_METADATA"
-        )
+        raise errors.INVALID_METADATA(f"{field_name} may have at most {MAX_METADATA_ENTRIES} entries")
     for key, value in values.items():
         if not key or len(key) > MAX_METADATA_KEY or _CONTROL.search(key):
-            raise InvalidArgument(
-                f"{field_name} keys must be 1 to {MAX_METADATA_KEY} characters without control characters",
-                code="INVALID_METADATA",
+            raise errors.INVALID_METADATA(
+                f"{field_name} keys must be 1 to {MAX_METADATA_KEY} characters without control characters"
             )
         if len(value) > MAX_METADATA_VALUE or "\x00" in value:
-            raise InvalidArgument(
-                f"{field_name}[{key!r}] must be at most {MAX_METADATA_VALUE} characters without NUL",
-                code="INVALID_METADATA",
+            raise errors.INVALID_METADATA(
+                f"{field_name}[{key!r}] must be at most {MAX_METADATA_VALUE} characters without NUL"
             )
     return dict(values)
-
-
-@dataclass(frozen=True)
-class Page:
-    limit: int
-    offset: int
-
-    @classmethod
-    def of(cls, limit: object, offset: object) -> Page:
-        return cls(*page_bounds(limit, offset))
-
-    @property
-    def fetch(self) -> int:
-        """Rows to read: one more than the limit tells whether there is a next page."""
-        return self.limit + 1
-
-
-@dataclass(frozen=True)
-class PageOf(Generic[T]):
-    items: list[T]
-    limit: int
-    offset: int
-    has_more: bool
-    next_offset: int | None
-
-
-def cut(page: Page, rows: Sequence[T]) -> PageOf[T]:
-    has_more = len(rows) > page.limit
-    return PageOf(
-        items=list(rows[: page.limit]),
-        limit=page.limit,
-        offset=page.offset,
-        has_more=has_more,
-        next_offset=page.offset + page.limit if has_more else None,
-    )
 
 
 @dataclass(frozen=True)
@@ -179,7 +129,13 @@ class AllowEntry:
     metadata: dict[str, str] = field(default_factory=dict)
 
 
+class UpsertOutcome(StrEnum):
+    CREATED = "created"  # a new pending request, with a new code
+    EXISTING = "existing"  # the sender's live request, seen again
+    FULL = "full"  # the channel has max_pending live requests: no code for this sender
+
+
 @dataclass(frozen=True)
 class Upserted:
-    outcome: str  # created, existing, full
+    outcome: UpsertOutcome
     request: PendingRequest | None

@@ -1,4 +1,4 @@
-"""The pairing service's storage: named queries over the ``pairing`` schema."""
+"""The pairing service's storage: named queries over the ``pairing`` schema, rows to domain types."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from parley_platform.errors import Conflict
+from parley_platform.paging import Page
 from parley_platform.postgres import Database, Row, load_queries
 
-from .domain import AllowEntry, Page, PendingRequest, Upserted, new_code
+from . import errors
+from .domain import AllowEntry, PendingRequest, Upserted, UpsertOutcome, new_code
 
 SQL_DIR = Path(__file__).parent / "sql"
 MIGRATIONS_DIR = SQL_DIR / "migrations"
@@ -29,7 +30,10 @@ class PairingStore:
         self.ttl = timedelta(seconds=ttl_seconds)
         self.max_pending = max_pending
 
-    def _request(self, agent_id: uuid.UUID, channel: str, sender_id: str, row: Row) -> PendingRequest:
+    def _request_from_row(
+        self, agent_id: uuid.UUID, channel: str, sender_id: str, row: Row
+    ) -> PendingRequest:
+        """A request from its row, which holds only what the statement's parameters do not."""
         return PendingRequest(
             id=row["id"],
             agent_id=agent_id,
@@ -59,13 +63,12 @@ class PairingStore:
             params["code"] = new_code()
             row = await self.db.fetchone(Q["upsert_request"], params, what="upsert pairing request")
             assert row is not None
-            if row["outcome"] == "full":
-                return Upserted("full", None)
+            if row["outcome"] == UpsertOutcome.FULL:
+                return Upserted(UpsertOutcome.FULL, None)
             if row["outcome"] != "raced":
-                return Upserted(row["outcome"], self._request(agent_id, channel, sender_id, row))
-        raise Conflict(
-            "upsert pairing request: lost every race for a slot", code="UPSERT_CONTENDED", retryable=True
-        )
+                request = self._request_from_row(agent_id, channel, sender_id, row)
+                return Upserted(UpsertOutcome(row["outcome"]), request)
+        raise errors.UPSERT_CONTENDED("upsert pairing request: lost every race for a slot")
 
     async def approve_code(
         self, agent_id: uuid.UUID, channel: str, code: str, added_by: str
@@ -92,7 +95,7 @@ class PairingStore:
             added_by=row["entry_added_by"],
             metadata=row["entry_metadata"],
         )
-        return self._request(agent_id, channel, row["sender_id"], row), entry
+        return self._request_from_row(agent_id, channel, row["sender_id"], row), entry
 
     async def deny_code(self, agent_id: uuid.UUID, channel: str, code: str) -> PendingRequest | None:
         row = await self.db.fetchone(
@@ -100,7 +103,7 @@ class PairingStore:
             {"agent_id": agent_id, "channel": channel, "code": code, "ttl": self.ttl_seconds},
             what="deny pairing code",
         )
-        return None if row is None else self._request(agent_id, channel, row["sender_id"], row)
+        return None if row is None else self._request_from_row(agent_id, channel, row["sender_id"], row)
 
     async def is_allowed(self, agent_id: uuid.UUID, channel: str, sender_id: str) -> bool:
         row = await self.db.fetchone(
@@ -124,10 +127,10 @@ class PairingStore:
             row = await self.db.fetchone(Q["add_to_allowlist"], params, what="add to allowlist")
             # No row: a concurrent statement added this sender after our snapshot; now it is visible.
             if row is not None:
-                return row["created"], self._entry(agent_id, channel, sender_id, row)
-        raise Conflict("add to allowlist: contended", code="ALLOWLIST_CONTENDED", retryable=True)
+                return row["created"], self._entry_from_row(agent_id, channel, sender_id, row)
+        raise errors.ALLOWLIST_CONTENDED("add to allowlist: contended")
 
-    def _entry(self, agent_id: uuid.UUID, channel: str, sender_id: str, row: Row) -> AllowEntry:
+    def _entry_from_row(self, agent_id: uuid.UUID, channel: str, sender_id: str, row: Row) -> AllowEntry:
         return AllowEntry(
             id=row["id"],
             agent_id=agent_id,
@@ -167,7 +170,7 @@ class PairingStore:
             },
             what="list pending requests",
         )
-        return [self._request(agent_id, channel, row["sender_id"], row) for row in rows]
+        return [self._request_from_row(agent_id, channel, row["sender_id"], row) for row in rows]
 
     async def allowlist_page(self, agent_id: uuid.UUID, channel: str, page: Page) -> list[AllowEntry]:
         rows = await self.db.fetchall(
@@ -175,7 +178,7 @@ class PairingStore:
             {"agent_id": agent_id, "channel": channel, "limit": page.fetch, "offset": page.offset},
             what="list allowlist",
         )
-        return [self._entry(agent_id, channel, row["sender_id"], row) for row in rows]
+        return [self._entry_from_row(agent_id, channel, row["sender_id"], row) for row in rows]
 
     async def purge(self, batch: int) -> tuple[int, int]:
         """Delete expired requests and reply claims; returns how many of each."""

@@ -6,8 +6,9 @@ from parley.v1 import scheduler_pb2
 from parley_platform.host import ServiceHost, ServiceSpec
 
 from .api import SchedulerApi
-from .config import Mode, SchedulerSettings
-from .engine import Engine, EngineConfig, SchedulerMetrics, default_replica_name
+from .config import EngineConfig, Mode, SchedulerSettings
+from .engine import Engine, default_replica_name
+from .metrics import SchedulerMetrics
 from .store import MIGRATIONS_DIR, SCHEMA, SchedulerStore
 
 SPEC = ServiceSpec(

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 from pydantic import Field
@@ -34,3 +35,19 @@ class SchedulerSettings(Settings):
     scheduler_uncertain_retention_days: float = Field(default=30.0, gt=0)
     # Name of this replica in leases; default host-pid-random.
     scheduler_replica: str = ""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What one replica's engine runs with, in the units it computes in."""
+
+    owner: str
+    lease_ms: int
+    timeout_ms: int
+    batch_size: int
+    max_inflight: int
+    poll_interval: float
+    no_worker_grace: float
+    no_worker_retry_ms: int
+    maintenance_interval: float
+    uncertain_retention_ms: int = 30 * 86_400_000

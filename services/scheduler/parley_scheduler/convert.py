@@ -1,4 +1,4 @@
-"""Protobuf at the edge: wire messages to domain inputs, stored rows to wire messages."""
+"""Protobuf at the edge: wire messages to domain inputs, domain objects to wire messages."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from parley.v1 import scheduler_pb2
-from parley_platform.postgres import Row
+from parley_platform.convert import timestamp
 
 from . import domain
 
@@ -39,15 +39,13 @@ OUTCOME_VALUES = {
 }
 
 
-def ts(value: datetime | None) -> Timestamp | None:
-    if value is None:
-        return None
-    stamp = Timestamp()
-    stamp.FromDatetime(value)
-    return stamp
+# --- from the wire ------------------------------------------------------------------------------
 
 
 def moment(stamp: Timestamp, field_name: str) -> datetime:
+    """A time a caller sent. Unlike ``parley_platform.convert.datetime_of`` the epoch is a time
+    like any other (fields that may be absent are tested with ``HasField``), and one out of
+    Python's range is the schedule's error, naming the field."""
     try:
         return stamp.ToDatetime(tzinfo=UTC)
     except (ValueError, OverflowError, OSError):
@@ -102,59 +100,87 @@ def new_task(spec: scheduler_pb2.TaskSpec) -> domain.NewTask:
     )
 
 
-def metadata_of(row: Row) -> scheduler_pb2.TaskMetadata:
+# --- to the wire --------------------------------------------------------------------------------
+
+
+def metadata_to_proto(schedule: domain.Schedule, values: dict[str, Any]) -> scheduler_pb2.TaskMetadata:
     meta = scheduler_pb2.TaskMetadata(
-        not_before_ms=float(row["not_before_ms"]),
-        max_failures=float(row["max_failures"]),
-        max_attempts=row["max_attempts"],
-        blocking=row["blocking"],
-        missed_run=MISSED_VALUES[domain.MissedRun(row["missed_run"])],
-        cron=row["cron"] or "",
+        not_before_ms=float(schedule.not_before_ms),
+        max_failures=float(schedule.max_failures),
+        max_attempts=schedule.max_attempts,
+        blocking=schedule.blocking,
+        missed_run=MISSED_VALUES[schedule.missed_run],
+        cron=schedule.cron or "",
+        scheduled_at=timestamp(schedule.scheduled_at),
     )
     for name in ("update_interval_ms", "base_interval_ms", "not_after_ms", "timeout_ms"):
-        if row[name] is not None:
-            setattr(meta, name, float(row[name]))
-    if row["scheduled_at"] is not None:
-        meta.scheduled_at.FromDatetime(row["scheduled_at"])
-    if row["values"]:
-        meta.values.update(row["values"])
+        value: int | None = getattr(schedule, name)
+        if value is not None:
+            setattr(meta, name, float(value))
+    if values:
+        meta.values.update(values)
     return meta
 
 
-def task_of(row: Row, *, db_now: datetime | None = None) -> scheduler_pb2.Task:
-    task = scheduler_pb2.Task(
-        id=str(row["id"]),
-        agent_id=str(row["agent_id"]),
-        name=row["name"],
-        description=row["description"],
-        tags=row["tags"],
-        room_id=str(row["room_id"] or ""),
-        world_id=str(row["world_id"] or ""),
-        entity_id=str(row["entity_id"] or ""),
-        metadata=metadata_of(row),
-        status=STATUS_VALUES[domain.Status(row["status"])],
-        failure_count=row["failure_count"],
-        last_error=row["last_error"] or "",
-        orphaned_no_worker=row["orphaned_no_worker"],
-        pause_reason=row["pause_reason"] or "",
-        attempt=row["attempt"],
-        revision=row["revision"],
-        run_count=row["run_count"],
+def lease_to_proto(
+    lease: domain.Lease, attempt: int, deadline: datetime | None = None
+) -> scheduler_pb2.TaskLease:
+    return scheduler_pb2.TaskLease(
+        owner=lease.owner,
+        token=lease.token,
+        attempt=attempt,
+        expires_at=timestamp(lease.expires_at),
+        deadline=timestamp(deadline),
     )
-    for name in ("due_at", "last_run_at", "next_run_at", "created_at", "updated_at"):
-        if row[name] is not None:
-            getattr(task, name).FromDatetime(row[name])
-    expires = row["lease_expires_at"]
-    now = db_now or row.get("db_now")
-    if expires is not None and (now is None or expires > now):
-        task.lease.owner = row["lease_owner"]
-        task.lease.token = row["lease_token"]
-        task.lease.attempt = row["attempt"]
-        task.lease.expires_at.FromDatetime(expires)
-    return task
 
 
-def executing(row: Row) -> bool:
-    """A live lease holds the task, or one of its runs (a non-blocking task's)."""
-    expires = row["lease_expires_at"]
-    return (expires is not None and expires > row["db_now"]) or bool(row.get("live_runs"))
+def task_to_proto(task: domain.Task) -> scheduler_pb2.Task:
+    """The task as callers see it; its lease only while live when the task was read."""
+    lease = task.live_lease
+    return scheduler_pb2.Task(
+        id=str(task.id),
+        agent_id=str(task.agent_id),
+        name=task.name,
+        description=task.description,
+        tags=task.tags,
+        room_id=str(task.room_id or ""),
+        world_id=str(task.world_id or ""),
+        entity_id=str(task.entity_id or ""),
+        metadata=metadata_to_proto(task.schedule, task.values),
+        status=STATUS_VALUES[task.status],
+        failure_count=task.failure_count,
+        last_error=task.last_error or "",
+        orphaned_no_worker=task.orphaned_no_worker,
+        pause_reason=task.pause_reason.value if task.pause_reason else "",
+        attempt=task.attempt,
+        revision=task.revision,
+        run_count=task.run_count,
+        due_at=timestamp(task.due_at),
+        last_run_at=timestamp(task.last_run_at),
+        next_run_at=timestamp(task.next_run_at),
+        created_at=timestamp(task.created_at),
+        updated_at=timestamp(task.updated_at),
+        lease=None if lease is None else lease_to_proto(lease, task.attempt),
+    )
+
+
+def uncertain_to_proto(attempt: domain.UncertainAttempt) -> scheduler_pb2.UncertainAttempt:
+    return scheduler_pb2.UncertainAttempt(
+        attempt=attempt.attempt,
+        owner=attempt.owner,
+        claimed_at=timestamp(attempt.claimed_at),
+        expired_at=timestamp(attempt.expired_at),
+        reclaimed_at=timestamp(attempt.reclaimed_at),
+    )
+
+
+def run_to_proto(report: domain.RunReport) -> scheduler_pb2.TaskRun:
+    return scheduler_pb2.TaskRun(
+        task_id=str(report.task_id),
+        name=report.name,
+        attempt=report.attempt,
+        outcome=OUTCOME_VALUES[report.outcome],
+        error=report.error,
+        duration_ms=report.duration_ms,
+        deleted=report.deleted,
+    )

@@ -1,8 +1,5 @@
-"""The task system's rules, without I/O: validation, schedules, and what each run outcome does.
-
-The store writes what these functions decide, each decision in one statement
-fenced by the lease token, so the rules live here once and are unit-tested.
-"""
+"""The task system's objects, without I/O: tasks as created, stored and claimed, leases, run outcomes,
+and what makes a task valid. The rules that move tasks along are in ``rules``."""
 
 from __future__ import annotations
 
@@ -10,32 +7,29 @@ import json
 import math
 import re
 import uuid
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from parley_platform.errors import InvalidArgument
+from parley_platform import codes
+from parley_platform.convert import uuid_or_none
+from parley_platform.errors import ParleyError
 
 from . import cron as cronlib
+from . import errors
 
 QUEUE_TAG = "queue"
 REPEAT_TAG = "repeat"
 DEFAULT_MAX_FAILURES = 5
 DEFAULT_BACKOFF_BASE_MS = 1000
-MAX_BACKOFF_MS = 300_000
-# A one-shot kept by `preserve` waits this long before a queue poll runs it again.
-PRESERVE_DELAY_MS = DEFAULT_BACKOFF_BASE_MS
 MAX_INTERVAL_MS = 366 * 24 * 3600 * 1000
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
 MAX_DESCRIPTION = 2000
 MAX_TAGS = 32
 MAX_VALUES_BYTES = 64 * 1024
-MAX_ERROR_CHARS = 2000
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,99}$")
 TAG_PATTERN = re.compile(r"^[^\s,]{1,64}$")
-SCHEDULE_INVALID = "TASK_SCHEDULE_INVALID"
-ADAPTIVE_INVALID = "TASK_ADAPTIVE_INTERVAL_INVALID"
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(9999, 1, 1, tzinfo=UTC)
 
@@ -67,16 +61,12 @@ class Outcome(StrEnum):
     LOST = "lost"
 
 
-def schedule_invalid(field_name: str, problem: str) -> InvalidArgument:
-    return InvalidArgument(
-        f"{field_name} {problem}",
-        code=SCHEDULE_INVALID,
-        hint="intervals are positive finite milliseconds; cron is 5 fields in UTC",
-    )
+def schedule_invalid(field_name: str, problem: str) -> ParleyError:
+    return errors.TASK_SCHEDULE_INVALID(f"{field_name} {problem}")
 
 
-def invalid(field_name: str, problem: str, code: str = "TASK_INVALID") -> InvalidArgument:
-    return InvalidArgument(f"{field_name} {problem}", code=code)
+def invalid(field_name: str, problem: str) -> ParleyError:
+    return errors.TASK_INVALID(f"{field_name} {problem}")
 
 
 @dataclass(frozen=True)
@@ -121,6 +111,113 @@ class NewTask:
 
 
 @dataclass(frozen=True)
+class Lease:
+    """A claim on a run: only its holder, naming the token, may extend or complete it."""
+
+    owner: str
+    token: int
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Task:
+    """A stored task, as the database had it at ``read_at`` (its clock; None: not read with it)."""
+
+    id: uuid.UUID
+    agent_id: uuid.UUID
+    name: str
+    description: str
+    tags: tuple[str, ...]
+    room_id: uuid.UUID | None
+    world_id: uuid.UUID | None
+    entity_id: uuid.UUID | None
+    due_at: datetime | None
+    schedule: Schedule
+    values: dict[str, Any]
+    status: Status
+    pause_reason: PauseReason | None
+    failure_count: int
+    last_error: str | None
+    last_run_at: datetime | None
+    run_count: int
+    next_run_at: datetime  # the ideal time of the next run
+    ready_at: datetime | None  # when it is due (None: a claimed non-blocking slot awaits its next one)
+    orphaned_no_worker: bool
+    attempt: int
+    lease: Lease | None  # the lease of the task's run (a blocking task's), expired or not
+    revision: int
+    created_at: datetime
+    updated_at: datetime
+    read_at: datetime | None = None
+    live_runs: int = 0  # a non-blocking task's runs in flight, each with a lease of its own
+
+    @property
+    def repeat(self) -> bool:
+        return REPEAT_TAG in self.tags
+
+    @property
+    def queued(self) -> bool:
+        """Whether the claim loops poll the task (else only ExecuteTask or RunDueTasks run it)."""
+        return QUEUE_TAG in self.tags
+
+    @property
+    def live_lease(self) -> Lease | None:
+        """The lease, unless it had expired when the task was read."""
+        if self.lease is None or (self.read_at is not None and self.lease.expires_at <= self.read_at):
+            return None
+        return self.lease
+
+    @property
+    def executing(self) -> bool:
+        """A live lease holds the task, or one of its runs (a non-blocking task's)."""
+        return self.live_lease is not None or self.live_runs > 0
+
+    @property
+    def state(self) -> TaskState:
+        return TaskState(
+            id=self.id,
+            name=self.name,
+            repeat=self.repeat,
+            schedule=self.schedule,
+            failure_count=self.failure_count,
+            last_error=self.last_error,
+            next_run_at=self.next_run_at,
+            last_run_at=self.last_run_at,
+            created_at=self.created_at,
+            revision=self.revision,
+        )
+
+
+@dataclass(frozen=True)
+class TaskEdit:
+    """An operator's change of a task, validated as a whole, to apply only at ``revision``."""
+
+    id: uuid.UUID
+    revision: int
+    description: str
+    tags: tuple[str, ...]
+    room_id: uuid.UUID | None
+    world_id: uuid.UUID | None
+    entity_id: uuid.UUID | None
+    due_at: datetime | None
+    schedule: Schedule
+    values: dict[str, Any]
+    next_run_at: datetime
+    ready_at: datetime
+
+
+@dataclass(frozen=True)
+class UncertainAttempt:
+    """An attempt whose lease expired before it completed: it may or may not have run."""
+
+    attempt: int
+    owner: str
+    claimed_at: datetime | None
+    expired_at: datetime
+    reclaimed_at: datetime
+
+
+@dataclass(frozen=True)
 class TaskState:
     """What the rules need of a stored task (a claimed row, or one being updated)."""
 
@@ -162,18 +259,38 @@ class Completion:
     keep_schedule: bool = False
 
 
+@dataclass(frozen=True)
+class RunReport:
+    """What happened to one run."""
+
+    task_id: uuid.UUID
+    name: str
+    attempt: int
+    outcome: Outcome
+    error: str = ""
+    duration_ms: float = 0.0
+    deleted: bool = False
+
+
 # --- validation ---------------------------------------------------------------------------------
 
 
-def parse_uuid(value: str, field_name: str, *, required: bool = False) -> uuid.UUID | None:
+def optional_uuid(value: str, field_name: str) -> uuid.UUID | None:
+    """An id field that may be left empty."""
     if not value:
-        if required:
-            raise invalid(field_name, "is required", code="TASK_INVALID")
         return None
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        raise invalid(field_name, "must be a UUID", code="INVALID_ID") from None
+    parsed = uuid_or_none(value)
+    if parsed is None:
+        # The value is not echoed: a caller may have put a secret in the wrong field.
+        raise codes.INVALID_ID(f"{field_name} must be a UUID")
+    return parsed
+
+
+def required_uuid(value: str, field_name: str) -> uuid.UUID:
+    parsed = optional_uuid(value, field_name)
+    if parsed is None:
+        raise invalid(field_name, "is required")
+    return parsed
 
 
 def _duration(value: float | None, field_name: str, *, positive: bool, maximum: int) -> int | None:
@@ -215,6 +332,23 @@ class MetadataInput:
     cron: str = ""
     scheduled_at: datetime | None = None
     timeout_ms: float | None = None
+
+    @classmethod
+    def of(cls, schedule: Schedule) -> MetadataInput:
+        """A stored schedule as input again: what an update's masked fields replace."""
+        return cls(
+            update_interval_ms=schedule.update_interval_ms,
+            base_interval_ms=schedule.base_interval_ms,
+            not_before_ms=schedule.not_before_ms,
+            not_after_ms=schedule.not_after_ms,
+            max_failures=schedule.max_failures,
+            max_attempts=schedule.max_attempts,
+            blocking=schedule.blocking,
+            missed_run=schedule.missed_run.value,
+            cron=schedule.cron or "",
+            scheduled_at=schedule.scheduled_at,
+            timeout_ms=schedule.timeout_ms,
+        )
 
 
 def validate_schedule(meta: MetadataInput, *, repeat: bool) -> Schedule:
@@ -320,270 +454,18 @@ def new_task(
     values: dict[str, Any],
 ) -> NewTask:
     checked_tags = validate_tags(tags)
-    task_id = parse_uuid(id, "id") or uuid.uuid4()
-    agent = parse_uuid(agent_id, "agent_id", required=True)
-    assert agent is not None
+    task_id = optional_uuid(id, "id") or uuid.uuid4()
+    agent = required_uuid(agent_id, "agent_id")
     return NewTask(
         id=task_id,
         agent_id=agent,
         name=validate_name(name),
         description=validate_description(description),
         tags=checked_tags,
-        room_id=parse_uuid(room_id, "room_id"),
-        world_id=parse_uuid(world_id, "world_id"),
-        entity_id=parse_uuid(entity_id, "entity_id"),
+        room_id=optional_uuid(room_id, "room_id"),
+        world_id=optional_uuid(world_id, "world_id"),
+        entity_id=optional_uuid(entity_id, "entity_id"),
         due_at=_moment(due_at, "due_at"),
         schedule=validate_schedule(metadata, repeat=REPEAT_TAG in checked_tags),
         values=validate_values(values),
-    )
-
-
-# --- schedules ----------------------------------------------------------------------------------
-
-
-def first_run(*, repeat: bool, schedule: Schedule, due_at: datetime | None, created_at: datetime) -> datetime:
-    """The first ideal run time of a new task.
-
-    A one-shot is due at ``due_at``, else ``scheduled_at``, else at once. A
-    repeat task starts at ``due_at`` when given; otherwise its creation counts
-    as the last run, so the first run comes one interval (or cron slot) later.
-    """
-    explicit = due_at or (schedule.scheduled_at if not repeat else None)
-    if explicit is not None:
-        return explicit
-    if not repeat:
-        return created_at
-    parsed = schedule.parsed_cron()
-    if parsed is not None:
-        return parsed.next_after(created_at)
-    assert schedule.update_interval_ms is not None
-    return created_at + timedelta(milliseconds=schedule.update_interval_ms)
-
-
-def ready_at(next_run_at: datetime, schedule: Schedule, *, repeat: bool) -> datetime:
-    """When the run becomes due: ``not_before`` early for a repeat task."""
-    if not repeat or not schedule.not_before_ms:
-        return next_run_at
-    return next_run_at - timedelta(milliseconds=schedule.not_before_ms)
-
-
-def slot_length_ms(schedule: Schedule, ideal: datetime) -> int:
-    parsed = schedule.parsed_cron()
-    if parsed is not None:
-        following = parsed.next_after(ideal)
-        return int((following - ideal) / timedelta(milliseconds=1))
-    return schedule.update_interval_ms or DEFAULT_BACKOFF_BASE_MS
-
-
-def is_overdue(state: TaskState, now: datetime) -> bool:
-    """Later than ``ideal + not_after`` (default: a whole slot late): a run was missed."""
-    if not state.repeat:
-        return False
-    grace = state.schedule.not_after_ms
-    if grace is None:
-        grace = slot_length_ms(state.schedule, state.next_run_at)
-    return now > state.next_run_at + timedelta(milliseconds=grace)
-
-
-def next_slot_after(schedule: Schedule, ideal: datetime, now: datetime) -> datetime:
-    """The first slot of the task's cadence later than ``now``."""
-    parsed = schedule.parsed_cron()
-    if parsed is not None:
-        return parsed.next_after(now)
-    step = timedelta(milliseconds=schedule.update_interval_ms or DEFAULT_BACKOFF_BASE_MS)
-    missed = math.floor((now - ideal) / step) + 1
-    return ideal + step * max(1, missed)
-
-
-def concurrent(state: TaskState) -> bool:
-    """Whether the task's runs may overlap: a repeat task with ``blocking: false``."""
-    return state.repeat and not state.schedule.blocking
-
-
-def slot_after_claim(state: TaskState, now: datetime) -> tuple[datetime, datetime]:
-    """(next_run_at, ready_at) of a non-blocking task whose slot ``state.next_run_at`` was just claimed:
-    the first slot of its cadence after both the claimed one and now. The schedule moves on at the
-    claim, not at the run's end; after downtime the late slot runs once and the cadence goes on."""
-    s = state.schedule
-    following = next_slot_after(s, state.next_run_at, max(now, state.next_run_at))
-    return following, ready_at(following, s, repeat=True)
-
-
-def for_concurrent_run(completion: Completion) -> Completion:
-    """A non-blocking task's run outcome. Its next slot was set when the run was claimed, so a success
-    or a skip leaves it where it is; a failure's backoff (or retry_at, or a no-worker retry) may only
-    push it later. Failure counting, backoff intervals and pauses apply as to any run."""
-    if completion.outcome in (Outcome.SUCCEEDED, Outcome.SKIPPED) or (
-        completion.keep_schedule and not completion.delay_ms
-    ):
-        return replace(completion, next_at=None, delay_ms=0, keep_schedule=True)
-    return completion
-
-
-def clip_error(text: str) -> str:
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
-
-
-def _after_success_schedule(state: TaskState, now: datetime) -> tuple[datetime | None, int]:
-    """(next_at, delay_ms) of the next run after a run that ended now."""
-    parsed = state.schedule.parsed_cron()
-    if parsed is not None:
-        return parsed.next_after(now), 0
-    assert state.schedule.update_interval_ms is not None
-    return None, state.schedule.update_interval_ms
-
-
-def on_success(
-    state: TaskState, now: datetime, *, next_interval_ms: float | None, preserve: bool
-) -> Completion:
-    s = state.schedule
-    if preserve:
-        # The task stays as it was (a one-shot is not deleted); only the run itself is recorded.
-        next_at, delay = _after_success_schedule(state, now) if state.repeat else (None, PRESERVE_DELAY_MS)
-        return Completion(
-            Outcome.SUCCEEDED,
-            failure_count=state.failure_count,
-            last_error=state.last_error,
-            update_interval_ms=s.update_interval_ms,
-            base_interval_ms=s.base_interval_ms,
-            next_at=next_at,
-            delay_ms=delay,
-            not_before_ms=s.not_before_ms if state.repeat else 0,
-            ran=True,
-        )
-    if not state.repeat:
-        return Completion(Outcome.SUCCEEDED, delete=True, ran=True)
-    interval = s.update_interval_ms
-    base = s.base_interval_ms
-    error: str | None = None
-    if s.cron:
-        # Backoff borrowed an interval; on success the cron expression alone schedules again.
-        if next_interval_ms is not None:
-            error = f"{ADAPTIVE_INVALID}: a cron task ignores next_interval_ms"
-        interval, base = None, None
-    elif next_interval_ms is not None and valid_interval(next_interval_ms):
-        interval, base = max(1, round(next_interval_ms)), None
-    else:
-        if next_interval_ms is not None:
-            error = (
-                f"{ADAPTIVE_INVALID}: next_interval_ms {next_interval_ms!r} is not in (0, {MAX_INTERVAL_MS}]"
-            )
-        if base is not None and interval is not None:
-            interval = base
-    next_at, delay = _after_success_schedule(
-        replace(state, schedule=replace(s, update_interval_ms=interval)), now
-    )
-    return Completion(
-        Outcome.SUCCEEDED,
-        last_error=error,
-        update_interval_ms=interval,
-        base_interval_ms=base,
-        next_at=next_at,
-        delay_ms=delay,
-        not_before_ms=s.not_before_ms,
-        ran=True,
-    )
-
-
-def valid_interval(value: float) -> bool:
-    return math.isfinite(value) and 0 < value <= MAX_INTERVAL_MS
-
-
-def backoff_ms(schedule: Schedule, failure_count: int) -> tuple[int, int]:
-    """(base, interval) after ``failure_count`` consecutive failures: min(base × 2^n, 300 s)."""
-    base = schedule.base_interval_ms or schedule.update_interval_ms or DEFAULT_BACKOFF_BASE_MS
-    return base, min(base * 2 ** min(failure_count, 40), MAX_BACKOFF_MS)
-
-
-def on_failure(state: TaskState, now: datetime, *, error: str, retry_at: datetime | None) -> Completion:
-    s = state.schedule
-    count = state.failure_count + 1
-    base, interval = backoff_ms(s, count)
-    message = clip_error(error or "the worker reported a failure without a message")
-    if not state.repeat:
-        if count >= s.max_attempts:
-            return Completion(
-                Outcome.FAILED,
-                status=Status.FAILED,
-                failure_count=count,
-                last_error=message,
-                update_interval_ms=s.update_interval_ms,
-                base_interval_ms=s.base_interval_ms,
-                keep_schedule=True,
-                ran=True,
-            )
-        return Completion(
-            Outcome.FAILED,
-            failure_count=count,
-            last_error=message,
-            update_interval_ms=s.update_interval_ms,
-            base_interval_ms=s.base_interval_ms,
-            next_at=retry_at,
-            delay_ms=interval,
-            ran=True,
-        )
-    paused = s.max_failures > 0 and count >= s.max_failures
-    return Completion(
-        Outcome.FAILED,
-        status=Status.PAUSED if paused else Status.ACTIVE,
-        pause_reason=PauseReason.MAX_FAILURES if paused else None,
-        failure_count=count,
-        last_error=message,
-        update_interval_ms=interval,
-        base_interval_ms=base,
-        next_at=retry_at,
-        delay_ms=interval,
-        not_before_ms=0,
-        ran=True,
-    )
-
-
-def on_no_worker(state: TaskState, *, in_grace: bool, retry_ms: int) -> Completion:
-    """Nobody serves the worker name. Early on (workers may still be starting) the run is skipped
-    and tried again shortly; later a repeat task is paused as orphaned and a one-shot fails."""
-    s = state.schedule
-    message = f"no worker serves {state.name!r}"
-    if in_grace:
-        return Completion(
-            Outcome.NO_WORKER,
-            failure_count=state.failure_count,
-            last_error=message,
-            update_interval_ms=s.update_interval_ms,
-            base_interval_ms=s.base_interval_ms,
-            delay_ms=retry_ms,
-            keep_schedule=True,
-        )
-    if state.repeat:
-        return Completion(
-            Outcome.NO_WORKER,
-            status=Status.PAUSED,
-            pause_reason=PauseReason.NO_WORKER,
-            failure_count=state.failure_count,
-            last_error=message,
-            update_interval_ms=s.update_interval_ms,
-            base_interval_ms=s.base_interval_ms,
-            orphaned=True,
-            keep_schedule=True,
-        )
-    return Completion(
-        Outcome.NO_WORKER,
-        status=Status.FAILED,
-        failure_count=state.failure_count + 1,
-        last_error=message,
-        update_interval_ms=s.update_interval_ms,
-        base_interval_ms=s.base_interval_ms,
-        keep_schedule=True,
-    )
-
-
-def on_skip(state: TaskState, now: datetime) -> Completion:
-    """A ``missed_run: skip`` task found overdue: move to its next slot without running."""
-    s = state.schedule
-    return Completion(
-        Outcome.SKIPPED,
-        failure_count=state.failure_count,
-        update_interval_ms=s.update_interval_ms,
-        base_interval_ms=s.base_interval_ms,
-        next_at=next_slot_after(s, state.next_run_at, now),
-        not_before_ms=s.not_before_ms,
     )
