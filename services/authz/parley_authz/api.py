@@ -14,14 +14,14 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from parley.v1 import authz_pb2
-from parley_platform import canonical
+from parley_platform import canonical, codes
 from parley_platform.bus import Bus
 from parley_platform.canonical import InvalidContract
-from parley_platform.errors import Conflict, FailedPrecondition, InvalidArgument, ParleyError
+from parley_platform.errors import Conflict, ParleyError
 from parley_platform.logging import get_logger
 from parley_platform.paging import cut, page_of
 
-from . import contracts, domain
+from . import contracts, domain, errors
 from .domain import Row
 from .events import Announcer
 from .metrics import AuthzMetrics
@@ -84,7 +84,7 @@ def _lenient_time(message: Message, name: str, field: str) -> datetime | None:
         return None
     ts: Timestamp = getattr(message, name)
     if not 0 <= ts.seconds <= contracts.MAX_TIMESTAMP_SECONDS:
-        raise InvalidArgument(f"{field} must be between 1970 and 9999")
+        raise codes.INVALID_ARGUMENT(f"{field} must be between 1970 and 9999")
     return ts.ToDatetime(tzinfo=UTC)
 
 
@@ -185,9 +185,9 @@ class AuthzApi:
         proposed_at = _lenient_time(request, "proposed_at", "proposed_at")
         expires_at = _lenient_time(request, "expires_at", "expires_at")
         if expires_at is not None and expires_at <= (proposed_at or datetime.now(UTC)):
-            raise InvalidArgument("expires_at must be after proposed_at")
+            raise codes.INVALID_ARGUMENT("expires_at must be after proposed_at")
         if request.on_expiry not in (0, *DECISION_NAMES):
-            raise InvalidArgument("on_expiry must be approve or deny")
+            raise codes.INVALID_ARGUMENT("on_expiry must be approve or deny")
         params: dict[str, Any] = {
             "agent_id": agent_id,
             "id": domain.opaque_id(request.tool_call_id, "tool_call_id"),
@@ -202,20 +202,18 @@ class AuthzApi:
             "on_expiry": DECISION_NAMES.get(request.on_expiry, self.expiry_decision),
         }
         if request.call_index > 2**31 - 1:
-            raise InvalidArgument("call_index must be at most 2^31-1")
+            raise codes.INVALID_ARGUMENT("call_index must be at most 2^31-1")
         row = await self.store.put_pending(params)
         if row is None:  # a concurrent first insert of the same call just committed
             row = await self.store.get_tool_call(agent_id, params["id"])
             if row is None:
-                raise Conflict("the tool call changed while recording it", code="PUT_RACE", retryable=True)
+                raise errors.PUT_RACE("the tool call changed while recording it")
             row = {**row, "created": False}
         if not row["created"]:
             for field in ("conversation_id", "message_id", "call_index", "tool", "args_digest"):
                 if row[field] != params[field]:
-                    raise Conflict(
-                        f"tool_call_id is already used by another call (its {field} differs)",
-                        code="TOOL_CALL_ID_REUSED",
-                        hint="every proposal needs its own tool_call_id",
+                    raise errors.TOOL_CALL_ID_REUSED(
+                        f"tool_call_id is already used by another call (its {field} differs)"
                     )
         return authz_pb2.PutPendingResponse(tool_call=tool_call_proto(row), created=row["created"])
 
@@ -233,7 +231,7 @@ class AuthzApi:
         tool_call_id = domain.opaque_id(request.tool_call_id, "tool_call_id")
         decision = DECISION_NAMES.get(request.decision)
         if decision is None:
-            raise InvalidArgument("decision must be approve or deny")
+            raise codes.INVALID_ARGUMENT("decision must be approve or deny")
         params = {
             "agent_id": agent_id,
             "id": tool_call_id,
@@ -281,12 +279,12 @@ class AuthzApi:
         try:
             claim_token = uuid.UUID(request.claim_token)
         except ValueError:
-            raise InvalidArgument("claim_token must be the UUID of the claim") from None
+            raise codes.INVALID_ARGUMENT("claim_token must be the UUID of the claim") from None
         outcome = SETTLE_OUTCOMES.get(request.outcome)
         if outcome is None:
-            raise InvalidArgument("outcome must be success, failure or indeterminate")
+            raise codes.INVALID_ARGUMENT("outcome must be success, failure or indeterminate")
         if len(request.result.encode()) > domain.MAX_RESULT_BYTES:
-            raise InvalidArgument(f"result must be at most {domain.MAX_RESULT_BYTES} bytes")
+            raise codes.INVALID_ARGUMENT(f"result must be at most {domain.MAX_RESULT_BYTES} bytes")
         params = {
             "agent_id": agent_id,
             "id": tool_call_id,
@@ -325,7 +323,7 @@ class AuthzApi:
         agent_id = domain.agent_uuid(request.agent_id)
         older_than = request.older_than_seconds
         if not math.isfinite(older_than) or not 0 <= older_than <= 365 * 24 * 3600:
-            raise InvalidArgument("older_than_seconds must be from 0 to one year")
+            raise codes.INVALID_ARGUMENT("older_than_seconds must be from 0 to one year")
         page = page_of(request.page if request.HasField("page") else None)
         rows, page_response = cut(
             page, await self.store.list_stuck(agent_id, older_than, page.fetch, page.offset)
@@ -381,10 +379,8 @@ class AuthzApi:
         version = domain.opaque_id(request.snapshot_version, "snapshot_version", contract=True)
         row = await self.store.put_account_snapshot(agent_id, account_id, version)
         if not row["created"] and not row["current"]:
-            raise FailedPrecondition(
-                "snapshot_version was current before and has been replaced or revoked",
-                code="SNAPSHOT_VERSION_RETIRED",
-                hint="a reconnected account gets a new snapshot version",
+            raise errors.SNAPSHOT_VERSION_RETIRED(
+                "snapshot_version was current before and has been replaced or revoked"
             )
         return authz_pb2.PutAccountSnapshotResponse(created=row["created"])
 
@@ -673,10 +669,8 @@ class AuthzApi:
     async def AssertLeases(self, request: authz_pb2.AssertLeasesRequest) -> authz_pb2.AssertLeasesResponse:
         agent_id = domain.agent_uuid(request.agent_id)
         if not request.HasField("required"):
-            raise InvalidArgument(
-                "required is missing: list the resources the action needs, or pass an empty list",
-                code="LEASE_REQUIREMENTS_MISSING",
-                hint="an omitted list is refused so that forgetting it cannot disable lease enforcement",
+            raise errors.LEASE_REQUIREMENTS_MISSING(
+                "required is missing: list the resources the action needs, or pass an empty list"
             )
         lease_ids = [domain.opaque_id(value, f"lease_ids[{i}]") for i, value in enumerate(request.lease_ids)]
         required = [
@@ -731,9 +725,8 @@ class AuthzApi:
         if not row["created"] and (
             row["action_digest"] != digest or row["state"] != "pending" or not row["live"]
         ):
-            raise Conflict(
-                "confirmation_id has been used before; interaction confirmations are usable once",
-                code="INTERACTION_CONFIRMATION_REUSED",
+            raise errors.INTERACTION_CONFIRMATION_REUSED(
+                "confirmation_id has been used before; interaction confirmations are usable once"
             )
         return authz_pb2.InteractionConfirmationResponse(
             confirmation=interaction_proto(row), created=row["created"]

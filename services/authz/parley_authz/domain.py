@@ -14,16 +14,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from parley_platform import codes
 from parley_platform.canonical import InvalidContract
-from parley_platform.errors import (
-    Conflict,
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    ParleyError,
-    PermissionDenied,
-    Unavailable,
-)
+from parley_platform.errors import ParleyError
+
+from . import errors
 
 Row = dict[str, Any]
 
@@ -46,40 +41,46 @@ EXPIRY = "expiry"  # decided_by / settled_by when the expiry default decided
 # ----- field validation ------------------------------------------------------
 
 
+def invalid(message: str, *, contract: bool) -> ParleyError:
+    """A refused field: INVALID_CONTRACT in a contract document or request, else INVALID_ARGUMENT."""
+    return InvalidContract(message) if contract else codes.INVALID_ARGUMENT(message)
+
+
 def agent_uuid(value: str, *, field: str = "agent_id", contract: bool = False) -> uuid.UUID:
-    error = InvalidContract if contract else InvalidArgument
     if not value:
-        raise error(f"{field} is required (the agent's UUID)")
+        raise invalid(f"{field} is required (the agent's UUID)", contract=contract)
     try:
         return uuid.UUID(value)
     except ValueError:
-        raise error(f"{field} must be a UUID") from None
+        raise invalid(f"{field} must be a UUID", contract=contract) from None
 
 
 def opaque_id(value: str, field: str, *, contract: bool = False, required: bool = True) -> str:
     """An id chosen by the caller: 1–200 characters, no control characters."""
-    error = InvalidContract if contract else InvalidArgument
     if not value:
         if required:
-            raise error(f"{field} is required")
+            raise invalid(f"{field} is required", contract=contract)
         return value
     if len(value) > MAX_ID or _CONTROL.search(value):
-        raise error(f"{field} must be 1 to {MAX_ID} characters without control characters")
+        raise invalid(
+            f"{field} must be 1 to {MAX_ID} characters without control characters", contract=contract
+        )
     return value
 
 
 def hex_digest(value: str, field: str, *, contract: bool = True) -> str:
-    error = InvalidContract if contract else InvalidArgument
     if not _HEX64.fullmatch(value):
-        raise error(f"{field} must be a SHA-256 digest: 64 lowercase hexadecimal characters")
+        raise invalid(
+            f"{field} must be a SHA-256 digest: 64 lowercase hexadecimal characters", contract=contract
+        )
     return value
 
 
 def name(value: str, field: str, *, contract: bool = False) -> str:
-    error = InvalidContract if contract else InvalidArgument
     if not _NAME.fullmatch(value):
-        raise error(
-            f"{field} must start with a letter and use letters, digits and _ . : - (at most 128 characters)"
+        raise invalid(
+            f"{field} must start with a letter and use letters, digits and _ . : - (at most 128 characters)",
+            contract=contract,
         )
     return value
 
@@ -92,13 +93,13 @@ def code(value: str, field: str) -> str:
 
 def text(value: str, field: str, *, limit: int = MAX_TEXT) -> str:
     if len(value) > limit:
-        raise InvalidArgument(f"{field} must be at most {limit} characters")
+        raise codes.INVALID_ARGUMENT(f"{field} must be at most {limit} characters")
     return value
 
 
 def resource_kind(value: str, field: str = "resource.kind") -> str:
     if not _RESOURCE_KIND.fullmatch(value):
-        raise InvalidArgument(
+        raise codes.INVALID_ARGUMENT(
             f"{field} must be a lower-case name such as keyboard, pointer, clipboard or browser"
         )
     return value
@@ -106,13 +107,13 @@ def resource_kind(value: str, field: str = "resource.kind") -> str:
 
 def ttl_ms(value: int, field: str, *, maximum: int) -> int:
     if not 1 <= value <= maximum:
-        raise InvalidArgument(f"{field} must be from 1 to {maximum} milliseconds")
+        raise codes.INVALID_ARGUMENT(f"{field} must be from 1 to {maximum} milliseconds")
     return value
 
 
 def generation(value: int, field: str = "generation") -> int:
     if value > MAX_GENERATION:
-        raise InvalidArgument(f"{field} must be at most 2^63-1")
+        raise codes.INVALID_ARGUMENT(f"{field} must be at most 2^63-1")
     return value
 
 
@@ -130,16 +131,12 @@ def bound_risk(catalog: str, contextual: str | None) -> str:
 # ----- 1. tool-call decisions -------------------------------------------------
 
 
-def action_not_found() -> NotFound:
-    return NotFound(
-        "no tool call with that id for this agent",
-        code="ACTION_NOT_FOUND",
-        hint="list the pending ones with `parley approvals list`",
-    )
+def action_not_found() -> ParleyError:
+    return errors.ACTION_NOT_FOUND("no tool call with that id for this agent")
 
 
-def already_decided(message: str) -> Conflict:
-    return Conflict(message, code="ACTION_ALREADY_DECIDED", hint="a new proposal needs a new tool_call_id")
+def already_decided(message: str) -> ParleyError:
+    return errors.ACTION_ALREADY_DECIDED(message)
 
 
 @dataclass(frozen=True)
@@ -158,7 +155,7 @@ def why_not_decided(row: Row | None, decision: str) -> DecideAnswer:
         if row["expired"]:
             raise already_decided("the tool call expired before a decision; its expiry default applies")
         # Not expired and still pending cannot follow a failed claim; let the caller retry.
-        raise Conflict("the tool call changed while deciding", code="DECIDE_RACE", retryable=True)
+        raise errors.DECIDE_RACE("the tool call changed while deciding")
     if row["decided_by"] == EXPIRY:
         raise already_decided("the tool call expired before a decision; its expiry default applies")
     if row["decision"] != decision:
@@ -171,23 +168,12 @@ def why_not_settled(row: Row | None, claim_token: uuid.UUID, outcome: str, resul
     if row is None:
         raise action_not_found()
     if row["status"] == "pending":
-        raise FailedPrecondition(
-            "the tool call has not been approved, so there is no claim to settle", code="ACTION_NOT_CLAIMED"
-        )
+        raise errors.ACTION_NOT_CLAIMED("the tool call has not been approved, so there is no claim to settle")
     if row["status"] == "claimed":
-        raise Conflict(
-            "the claim token does not match the claim on this tool call",
-            code="STALE_CLAIM_TOKEN",
-            hint="only the executor holding the claim, or an operator with the token from "
-            "`parley approvals stuck`, can settle it",
-        )
+        raise errors.STALE_CLAIM_TOKEN("the claim token does not match the claim on this tool call")
     if row["claim_token"] == claim_token and row["outcome"] == outcome and (row["result"] or "") == result:
         return row
-    raise FailedPrecondition(
-        f"the tool call is already settled ({row['outcome']})",
-        code="ACTION_ALREADY_SETTLED",
-        hint="an outcome is terminal",
-    )
+    raise errors.ACTION_ALREADY_SETTLED(f"the tool call is already settled ({row['outcome']})")
 
 
 def conversation_status(rows: list[Row]) -> tuple[bool, bool]:
@@ -200,40 +186,26 @@ def conversation_status(rows: list[Row]) -> tuple[bool, bool]:
 # ----- 2. capability authorization -------------------------------------------
 
 
-def stale_authorization(message: str) -> FailedPrecondition:
-    return FailedPrecondition(
-        message,
-        code="STALE_CAPABILITY_AUTHORIZATION",
-        hint="evaluate the policy again for the current account snapshot",
-    )
+def stale_authorization(message: str) -> ParleyError:
+    return errors.STALE_CAPABILITY_AUTHORIZATION(message)
 
 
-def untrusted_decision(message: str) -> PermissionDenied:
-    return PermissionDenied(
-        message,
-        code="UNTRUSTED_CAPABILITY_POLICY_DECISION",
-        hint="only a decision registered for this exact request authorizes it",
-    )
+def untrusted_decision(message: str) -> ParleyError:
+    return errors.UNTRUSTED_CAPABILITY_POLICY_DECISION(message)
 
 
-def stale_confirmation(message: str) -> FailedPrecondition:
-    return FailedPrecondition(
-        message,
-        code="STALE_CAPABILITY_CONFIRMATION",
-        hint="a confirmation is issued for one decision and used once",
-    )
+def stale_confirmation(message: str) -> ParleyError:
+    return errors.STALE_CAPABILITY_CONFIRMATION(message)
 
 
 def refused_outcome(outcome: str, denial_code: str, unavailable_code: str, retryable: bool) -> ParleyError:
     """The error for a decision that grants nothing: RegisterDecision accepts only allowed and
     confirmation_required."""
     if outcome == "denied":
-        return PermissionDenied(
-            f"the policy denied the capability: {denial_code}", code="CAPABILITY_POLICY_DENIED"
-        )
-    return Unavailable(
-        f"the policy could not decide: {unavailable_code}", code="CAPABILITY_UNAVAILABLE", retryable=retryable
-    )
+        return errors.CAPABILITY_POLICY_DENIED(f"the policy denied the capability: {denial_code}")
+    error = errors.CAPABILITY_UNAVAILABLE(f"the policy could not decide: {unavailable_code}")
+    error.retryable = retryable  # type: ignore[misc]  # the policy says whether asking again may help
+    return error
 
 
 def why_not_registered(row: Row, decision_digest: str, id_count: int) -> bool:
@@ -247,10 +219,8 @@ def why_not_registered(row: Row, decision_digest: str, id_count: int) -> bool:
     spent = set(row["spent"] or [])
     reused = [kind for kind in ("decision", "confirmation") if kind not in spent]
     which = "decision_id" if "decision" in reused or id_count == 1 else "confirmation_id"
-    raise Conflict(
-        f"{which} has been used before; decision and confirmation ids are usable once, ever",
-        code="CAPABILITY_DECISION_REUSED",
-        hint="ask the policy for a new decision",
+    raise errors.CAPABILITY_DECISION_REUSED(
+        f"{which} has been used before; decision and confirmation ids are usable once, ever"
     )
 
 
@@ -269,7 +239,7 @@ def why_not_issued(row: Row | None, decision_id: str, decision_digest: str) -> P
         return stale_authorization("the decision has expired, and its confirmation with it")
     if not row["current"]:
         return stale_authorization("the account snapshot of the decision is not current")
-    return Conflict("the confirmation changed while issuing it", code="ISSUE_RACE", retryable=True)
+    return errors.ISSUE_RACE("the confirmation changed while issuing it")
 
 
 @dataclass(frozen=True)
@@ -308,18 +278,13 @@ def why_not_authorized(
     elif grant_digest is None or row["seen_confirmation_state"] == "pending":
         if row["seen_confirmation_state"] == "pending":
             return Refusal(
-                FailedPrecondition(
-                    "the decision requires a confirmation that has not been issued",
-                    code="CAPABILITY_CONFIRMATION_REQUIRED",
-                    hint="issue the confirmation, then authorize with its grant",
+                errors.CAPABILITY_CONFIRMATION_REQUIRED(
+                    "the decision requires a confirmation that has not been issued"
                 ),
                 None,
             )
         return Refusal(
-            FailedPrecondition(
-                "the decision requires a confirmation: pass its grant",
-                code="CAPABILITY_CONFIRMATION_REQUIRED",
-            ),
+            errors.CAPABILITY_CONFIRMATION_REQUIRED("the decision requires a confirmation: pass its grant"),
             None,
         )
     elif row["seen_grant_digest"] != grant_digest or row["seen_confirmation_state"] != "issued":
@@ -342,7 +307,7 @@ RECEIPT_BINDINGS = (
 def why_not_recorded(row: Row, receipt: dict[str, Any], receipt_digest: str) -> bool:
     """RecordReceipt recorded nothing. Returns True for a repeat of the same receipt."""
     if not row["authorization_exists"]:
-        raise NotFound("no authorization with that id for this agent", code="AUTHORIZATION_NOT_FOUND")
+        raise errors.AUTHORIZATION_NOT_FOUND("no authorization with that id for this agent")
     for field in RECEIPT_BINDINGS:
         if (row[field] or None) != (receipt[field] or None):
             raise InvalidContract(f"receipt.{field} does not match the authorization")
@@ -351,29 +316,25 @@ def why_not_recorded(row: Row, receipt: dict[str, Any], receipt_digest: str) -> 
     if row["existing_digest"] is not None:
         if row["existing_digest"] == receipt_digest:
             return True
-        raise Conflict(
-            "a different receipt was already recorded for this authorization", code="RECEIPT_CONFLICT"
-        )
+        raise errors.RECEIPT_CONFLICT("a different receipt was already recorded for this authorization")
     first = receipt["committed_at"] or receipt["observed_at"]
     if first < row["authorized_at"]:
         field = "committed_at" if receipt["committed_at"] else "observed_at"
         raise InvalidContract(f"receipt.{field} precedes the authorization")
     if receipt["observed_at"] > row["db_now"]:
         raise InvalidContract("receipt.observed_at is in the future")
-    raise Conflict("the receipt changed while recording it", code="RECEIPT_RACE", retryable=True)
+    raise errors.RECEIPT_RACE("the receipt changed while recording it")
 
 
 # ----- 3. interaction leases ---------------------------------------------------
 
 
-def lease_conflict(message: str) -> Conflict:
-    return Conflict(
-        message, code="LEASE_CONFLICT", hint="wait for the holder to release it or for it to expire"
-    )
+def lease_conflict(message: str) -> ParleyError:
+    return errors.LEASE_CONFLICT(message)
 
 
-def stale_lease(message: str) -> FailedPrecondition:
-    return FailedPrecondition(message, code="STALE_LEASE", hint="acquire the resource again")
+def stale_lease(message: str) -> ParleyError:
+    return errors.STALE_LEASE(message)
 
 
 def same_holder(row: Row, lease_id: str, session_id: str, owner: str, generation: int) -> bool:
@@ -413,18 +374,12 @@ def check_leases(
 # ----- 4. interaction confirmations -------------------------------------------
 
 
-def stale_interaction(message: str) -> FailedPrecondition:
-    return FailedPrecondition(
-        message, code="STALE_INTERACTION_CONFIRMATION", hint="register and confirm the action again"
-    )
+def stale_interaction(message: str) -> ParleyError:
+    return errors.STALE_INTERACTION_CONFIRMATION(message)
 
 
-def interaction_mismatch(message: str) -> FailedPrecondition:
-    return FailedPrecondition(
-        message,
-        code="INTERACTION_CONFIRMATION_MISMATCH",
-        hint="the action dispatched must be exactly the one the person confirmed",
-    )
+def interaction_mismatch(message: str) -> ParleyError:
+    return errors.INTERACTION_CONFIRMATION_MISMATCH(message)
 
 
 def why_not_issued_interaction(row: Row | None, action_digest: str) -> ParleyError:
@@ -436,7 +391,7 @@ def why_not_issued_interaction(row: Row | None, action_digest: str) -> ParleyErr
         return stale_interaction("the interaction confirmation has expired")
     if row["action_digest"] != action_digest:
         return interaction_mismatch("action_digest is not the digest of the registered action")
-    return Conflict("the confirmation changed while issuing it", code="ISSUE_RACE", retryable=True)
+    return errors.ISSUE_RACE("the confirmation changed while issuing it")
 
 
 def why_not_consumed_interaction(row: Row, grant_id: str, action_digest: str) -> ParleyError:

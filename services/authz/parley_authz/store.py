@@ -6,10 +6,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from parley_platform import codes
 from parley_platform.errors import Conflict
 from parley_platform.postgres import Database, Row, load_queries
 
-from . import domain
+from . import domain, errors
 
 SQL_DIR = Path(__file__).parent / "sql"
 MIGRATIONS_DIR = SQL_DIR / "migrations"
@@ -33,13 +34,11 @@ class AuthzStore:
         try:
             return await self._one("put_pending", params)
         except Conflict as exc:
-            if exc.code != "ALREADY_EXISTS":
+            if not codes.ALREADY_EXISTS.matches(exc):
                 raise
             # Not the primary key (that is ON CONFLICT DO NOTHING): the message's call slot.
-            raise Conflict(
-                "another tool call already has this message_id and call_index",
-                code="TOOL_CALL_CONFLICT",
-                hint="each call of an assistant message has its own call_index",
+            raise errors.TOOL_CALL_CONFLICT(
+                "another tool call already has this message_id and call_index"
             ) from exc
 
     async def get_tool_call(self, agent_id: uuid.UUID, tool_call_id: str) -> Row | None:
@@ -134,7 +133,7 @@ class AuthzStore:
         try:
             return await self._one("acquire_lease", params)
         except Conflict as exc:
-            if exc.code != "ALREADY_EXISTS":
+            if not codes.ALREADY_EXISTS.matches(exc):
                 raise
             # The resource is ON CONFLICT; what else is unique is the lease id.
             raise domain.lease_conflict("lease_id is already bound to another resource") from exc
