@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from parley.v1 import authz_pb2
 from parley_authz import contracts, domain
+from parley_authz.model import Lease, ToolCall
 from parley_platform import canonical
 from parley_platform.canonical import InvalidContract
 from parley_platform.errors import Conflict, FailedPrecondition, NotFound, PermissionDenied, Unavailable
@@ -205,9 +207,9 @@ def test_receipt_chronology_and_codes() -> None:
         **base, status=authz_pb2.EFFECT_STATUS_COMMITTED, committed_at=ts(2000), observed_at=ts(3000)
     )
     checked = contracts.effect_receipt(committed)
-    assert checked["status"] == "committed"
-    assert checked["error_code"] is None
-    assert checked["grant_digest"] is None
+    assert checked.status == "committed"
+    assert checked.error_code is None
+    assert checked.grant_digest is None
     backwards = authz_pb2.EffectReceipt(
         **base, status=authz_pb2.EFFECT_STATUS_COMMITTED, committed_at=ts(3000), observed_at=ts(2000)
     )
@@ -219,7 +221,7 @@ def test_receipt_chronology_and_codes() -> None:
         error_code=authz_pb2.EXECUTION_ERROR_CODE_RATE_LIMITED,
         observed_at=ts(3000),
     )
-    assert contracts.effect_receipt(failed)["error_code"] == "rate_limited"
+    assert contracts.effect_receipt(failed).error_code == "rate_limited"
     with pytest.raises(InvalidContract, match=r"receipt\.error_code must be one of"):
         contracts.effect_receipt(
             authz_pb2.EffectReceipt(**base, status=authz_pb2.EFFECT_STATUS_FAILED, observed_at=ts(3000))
@@ -243,18 +245,34 @@ def test_interaction_action_must_be_an_object() -> None:
 # ----- tool-call decisions --------------------------------------------------------------------
 
 
-def call_row(**fields: Any) -> dict[str, Any]:
-    row = {
+def call_row(**fields: Any) -> ToolCall:
+    row: dict[str, Any] = {
+        "agent_id": uuid.UUID(AGENT),
+        "id": "call-1",
+        "conversation_id": "room-1",
+        "message_id": "msg-1",
+        "call_index": 0,
+        "tool": "SEND_EMAIL",
+        "args_digest": "a" * 64,
+        "summary": "",
+        "proposed_at": datetime.now(UTC),
+        "expires_at": None,
+        "on_expiry": "deny",
         "status": "pending",
         "decision": None,
+        "reason": None,
         "decided_by": None,
-        "expired": False,
+        "decided_at": None,
         "claim_token": None,
+        "claimed_at": None,
         "outcome": None,
         "result": None,
+        "settled_by": None,
+        "settled_at": None,
+        "expired": False,
     }
     row.update(fields)
-    return row
+    return ToolCall(**row)
 
 
 def test_decide_answers_for_a_record_that_did_not_change() -> None:
@@ -303,16 +321,22 @@ def test_conversation_continues_only_when_every_call_is_settled() -> None:
 # ----- leases -----------------------------------------------------------------------------------
 
 
-def lease(lease_id: str, kind: str, live: bool = True, owner: str = "a") -> dict[str, Any]:
-    return {
-        "lease_id": lease_id,
-        "resource_kind": kind,
-        "resource_id": "main",
-        "session_id": "s",
-        "owner": owner,
-        "generation": 1,
-        "live": live,
-    }
+def lease(lease_id: str, kind: str, live: bool = True, owner: str = "a") -> Lease:
+    now = datetime.now(UTC)
+    return Lease(
+        agent_id=uuid.UUID(AGENT),
+        lease_id=lease_id,
+        resource_kind=kind,
+        resource_id="main",
+        session_id="s",
+        owner=owner,
+        generation=1,
+        fencing_token=1,
+        acquired_at=now,
+        renewed_at=now,
+        expires_at=now,
+        live=live,
+    )
 
 
 def test_assert_leases_requires_every_resource_covered_by_a_live_matching_lease() -> None:
@@ -325,7 +349,7 @@ def test_assert_leases_requires_every_resource_covered_by_a_live_matching_lease(
         generation=1,
         required=[("pointer", "main"), ("keyboard", "main")],
     )
-    assert [r["lease_id"] for r in held] == ["l1", "l2"]
+    assert [r.lease_id for r in held] == ["l1", "l2"]
     assert domain.check_leases([], lease_ids=[], session_id="s", owner="a", generation=1, required=[]) == []
     with pytest.raises(FailedPrecondition, match=r"required.resources\[1\] \(clipboard\)"):
         domain.check_leases(

@@ -39,11 +39,11 @@ async def setup(host: ServiceHost[AuthzSettings]) -> None:
         await api.republish(s.authz_announce_grace_seconds)
 
     async def refresh_gauges() -> None:
-        rows = {row["kind"]: row for row in await api.store.gauges()}
+        gauges = {gauge.kind: gauge for gauge in await api.store.gauges()}
         for kind in PENDING_KINDS:
-            metrics.pending.labels(kind).set(rows[kind]["n"])
-            metrics.pending_age.labels(kind).set(rows[kind]["oldest_seconds"])
-        metrics.leases_active.set(rows["lease"]["n"])
+            metrics.pending.labels(kind).set(gauges[kind].n)
+            metrics.pending_age.labels(kind).set(gauges[kind].oldest_seconds)
+        metrics.leases_active.set(gauges["lease"].n)
 
     host.every("sweeper", s.authz_sweep_interval_seconds, sweep)
     host.every("gauges", s.authz_gauge_interval_seconds, refresh_gauges)

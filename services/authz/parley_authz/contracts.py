@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -21,9 +19,9 @@ from parley.v1 import authz_pb2
 from parley_platform import canonical
 from parley_platform.canonical import InvalidContract
 
-from . import domain
+from . import domain, validate
+from .model import VERSION, BoundRequest, CheckedDecision, CheckedReceipt
 
-VERSION = 1
 MAX_TIMESTAMP_SECONDS = 253402300799  # 9999-12-31T23:59:59Z
 # How far ahead of this service's clock a caller's timestamp may be.
 MAX_CLOCK_SKEW_SECONDS = 5.0
@@ -88,37 +86,24 @@ def risk(value: authz_pb2.RiskLevel.ValueType, path: str) -> str:
 
 
 def optional_hex(value: str, path: str) -> str | None:
-    return domain.hex_digest(value, path) if value else None
+    return validate.hex_digest(value, path) if value else None
 
 
 # ----- capability requests and decisions --------------------------------------
 
 
-@dataclass(frozen=True)
-class BoundRequest:
-    agent_id: uuid.UUID
-    account_id: str
-    snapshot_version: str
-    capability: str
-    operation: str
-    risk: str
-    input_digest: str
-    bound_at: datetime
-    digest: str
-
-
 def capability_request(request: authz_pb2.CapabilityRequest, path: str = "request") -> BoundRequest:
     version(request.version, f"{path}.version")
-    agent_id = domain.agent_uuid(request.agent_id, field=f"{path}.agent_id", contract=True)
-    account_id = domain.opaque_id(request.account_id, f"{path}.account_id", contract=True)
-    snapshot = domain.opaque_id(request.snapshot_version, f"{path}.snapshot_version", contract=True)
-    capability = domain.name(request.capability, f"{path}.capability", contract=True)
-    operation = domain.name(request.operation, f"{path}.operation", contract=True)
+    agent_id = validate.agent_uuid(request.agent_id, field=f"{path}.agent_id", contract=True)
+    account_id = validate.opaque_id(request.account_id, f"{path}.account_id", contract=True)
+    snapshot = validate.opaque_id(request.snapshot_version, f"{path}.snapshot_version", contract=True)
+    capability = validate.name(request.capability, f"{path}.capability", contract=True)
+    operation = validate.name(request.operation, f"{path}.operation", contract=True)
     catalog = risk(request.catalog_risk, f"{path}.catalog_risk")
     bound = risk(request.risk, f"{path}.risk")
     if domain.risk_rank(bound) < domain.risk_rank(catalog):
         raise InvalidContract(f"{path}.risk must not be lower than {path}.catalog_risk")
-    input_digest = domain.hex_digest(request.input_digest, f"{path}.input_digest")
+    input_digest = validate.hex_digest(request.input_digest, f"{path}.input_digest")
     bound_at = timestamp(request, "bound_at", f"{path}.bound_at")
     assert bound_at is not None
     not_in_future(bound_at, f"{path}.bound_at")
@@ -143,25 +128,12 @@ OUTCOMES = {
 }
 
 
-@dataclass(frozen=True)
-class CheckedDecision:
-    decision_id: str
-    outcome: str
-    confirmation_id: str | None
-    denial_code: str
-    unavailable_code: str
-    retryable: bool
-    issued_at: datetime
-    expires_at: datetime
-    digest: str
-
-
 def policy_decision(
     decision: authz_pb2.PolicyDecision, request: BoundRequest, path: str = "decision"
 ) -> CheckedDecision:
     version(decision.version, f"{path}.version")
-    decision_id = domain.opaque_id(decision.decision_id, f"{path}.decision_id", contract=True)
-    request_digest = domain.hex_digest(decision.request_digest, f"{path}.request_digest")
+    decision_id = validate.opaque_id(decision.decision_id, f"{path}.decision_id", contract=True)
+    request_digest = validate.hex_digest(decision.request_digest, f"{path}.request_digest")
     if request_digest != request.digest:
         raise InvalidContract(f"{path}.request_digest is not the digest of the request")
     outcome = OUTCOMES.get(decision.outcome)
@@ -169,7 +141,9 @@ def policy_decision(
         raise InvalidContract(f"{path}.outcome must be allowed, confirmation_required, denied or unavailable")
     confirmation_id: str | None = None
     if outcome == "confirmation_required":
-        confirmation_id = domain.opaque_id(decision.confirmation_id, f"{path}.confirmation_id", contract=True)
+        confirmation_id = validate.opaque_id(
+            decision.confirmation_id, f"{path}.confirmation_id", contract=True
+        )
     elif decision.confirmation_id:
         raise InvalidContract(f"{path}.confirmation_id is only for confirmation_required")
     denial_code = ""
@@ -185,7 +159,7 @@ def policy_decision(
         raise InvalidContract(f"{path}.denial_code is only for denied")
     unavailable_code = ""
     if outcome == "unavailable":
-        unavailable_code = domain.code(decision.unavailable_code, f"{path}.unavailable_code")
+        unavailable_code = validate.code(decision.unavailable_code, f"{path}.unavailable_code")
     elif decision.unavailable_code or decision.retryable:
         field = "unavailable_code" if decision.unavailable_code else "retryable"
         raise InvalidContract(f"{path}.{field} is only for unavailable")
@@ -198,7 +172,7 @@ def policy_decision(
     if issued_at < request.bound_at:
         raise InvalidContract(f"{path}.issued_at precedes the request's bound_at")
     not_in_future(issued_at, f"{path}.issued_at")
-    digest = domain.hex_digest(decision.digest, f"{path}.digest")
+    digest = validate.hex_digest(decision.digest, f"{path}.digest")
     if digest != canonical.decision_digest(decision):
         raise InvalidContract(f"{path}.digest is not the digest of the decision")
     return CheckedDecision(
@@ -224,16 +198,16 @@ def confirmation_grant(
 ) -> str:
     """The grant's digest, once the grant is well formed and names this decision."""
     version(grant.version, f"{path}.version")
-    if domain.agent_uuid(grant.agent_id, field=f"{path}.agent_id", contract=True) != agent_id:
+    if validate.agent_uuid(grant.agent_id, field=f"{path}.agent_id", contract=True) != agent_id:
         raise InvalidContract(f"{path}.agent_id is not the request's agent")
-    domain.opaque_id(grant.confirmation_id, f"{path}.confirmation_id", contract=True)
+    validate.opaque_id(grant.confirmation_id, f"{path}.confirmation_id", contract=True)
     if grant.decision_id != decision_id:
         raise InvalidContract(f"{path}.decision_id is not the decision being authorized")
     if grant.decision_digest != decision_digest:
         raise InvalidContract(f"{path}.decision_digest is not the digest of the decision being authorized")
-    domain.opaque_id(grant.grant_id, f"{path}.grant_id", contract=True)
+    validate.opaque_id(grant.grant_id, f"{path}.grant_id", contract=True)
     timestamp(grant, "issued_at", f"{path}.issued_at")
-    digest = domain.hex_digest(grant.digest, f"{path}.digest")
+    digest = validate.hex_digest(grant.digest, f"{path}.digest")
     if digest != canonical.grant_digest(grant):
         raise InvalidContract(f"{path}.digest is not the digest of the grant")
     return digest
@@ -247,8 +221,7 @@ EFFECT_STATUSES = {
 }
 
 
-def effect_receipt(receipt: authz_pb2.EffectReceipt, path: str = "receipt") -> dict[str, Any]:
-    """The receipt's checked fields (``digest`` included) as plain values."""
+def effect_receipt(receipt: authz_pb2.EffectReceipt, path: str = "receipt") -> CheckedReceipt:
     version(receipt.version, f"{path}.version")
     status = EFFECT_STATUSES.get(receipt.status)
     if status is None:
@@ -271,22 +244,22 @@ def effect_receipt(receipt: authz_pb2.EffectReceipt, path: str = "receipt") -> d
     assert observed_at is not None
     if committed_at is not None and committed_at > observed_at:
         raise InvalidContract(f"{path}.observed_at precedes {path}.committed_at")
-    return {
-        "authorization_id": domain.hex_digest(receipt.authorization_id, f"{path}.authorization_id"),
-        "request_digest": domain.hex_digest(receipt.request_digest, f"{path}.request_digest"),
-        "decision_digest": domain.hex_digest(receipt.decision_digest, f"{path}.decision_digest"),
-        "grant_digest": optional_hex(receipt.grant_digest, f"{path}.grant_digest"),
-        "account_id": domain.opaque_id(receipt.account_id, f"{path}.account_id", contract=True),
-        "capability": domain.name(receipt.capability, f"{path}.capability", contract=True),
-        "operation": domain.name(receipt.operation, f"{path}.operation", contract=True),
-        "input_digest": domain.hex_digest(receipt.input_digest, f"{path}.input_digest"),
-        "idempotency_key": domain.hex_digest(receipt.idempotency_key, f"{path}.idempotency_key"),
-        "status": status,
-        "error_code": error_code,
-        "committed_at": committed_at,
-        "observed_at": observed_at,
-        "digest": canonical.receipt_digest(receipt),
-    }
+    return CheckedReceipt(
+        authorization_id=validate.hex_digest(receipt.authorization_id, f"{path}.authorization_id"),
+        request_digest=validate.hex_digest(receipt.request_digest, f"{path}.request_digest"),
+        decision_digest=validate.hex_digest(receipt.decision_digest, f"{path}.decision_digest"),
+        grant_digest=optional_hex(receipt.grant_digest, f"{path}.grant_digest"),
+        account_id=validate.opaque_id(receipt.account_id, f"{path}.account_id", contract=True),
+        capability=validate.name(receipt.capability, f"{path}.capability", contract=True),
+        operation=validate.name(receipt.operation, f"{path}.operation", contract=True),
+        input_digest=validate.hex_digest(receipt.input_digest, f"{path}.input_digest"),
+        idempotency_key=validate.hex_digest(receipt.idempotency_key, f"{path}.idempotency_key"),
+        status=status,
+        error_code=error_code,
+        committed_at=committed_at,
+        observed_at=observed_at,
+        digest=canonical.receipt_digest(receipt),
+    )
 
 
 # ----- interaction actions ------------------------------------------------------

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
 
 from parley.v1 import authz_pb2
 from parley_platform.bus import Bus
 from parley_platform.errors import ParleyError
 from parley_platform.logging import get_logger
 
-from .domain import Row
+from .model import ToolCall
 from .store import AuthzStore
 
 log = get_logger(__name__)
@@ -32,21 +31,20 @@ LINGER_SECONDS = 0.005
 
 
 class Announcer:
-    def __init__(self, bus: Bus, store: AuthzStore, to_proto: Callable[..., authz_pb2.ToolCall]) -> None:
+    def __init__(self, bus: Bus, store: AuthzStore) -> None:
         self.bus = bus
         self.store = store
-        self.to_proto = to_proto
-        self._queue: list[tuple[Row, authz_pb2.ToolCall | None]] = []
+        self._queue: list[tuple[ToolCall, authz_pb2.ToolCall | None]] = []
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
 
-    def push(self, row: Row, tool_call: authz_pb2.ToolCall | None = None) -> None:
-        """Queue the row's event; ``tool_call`` is its message when the caller has built it already."""
-        if row["status"] not in EVENT_TYPES:
+    def push(self, call: ToolCall, message: authz_pb2.ToolCall | None = None) -> None:
+        """Queue the call's event; ``message`` is its message when the caller has built it already."""
+        if call.status not in EVENT_TYPES:
             return
-        self._queue.append((row, tool_call))
+        self._queue.append((call, message))
         self._idle.clear()
         self._wake.set()
         if self._task is None:
@@ -62,35 +60,35 @@ class Announcer:
                 await self._publish(batch)
             self._idle.set()
 
-    async def _send(self, row: Row, tool_call: authz_pb2.ToolCall | None) -> bool:
-        event_type = EVENT_TYPES[row["status"]]
-        if tool_call is None:
-            tool_call = self.to_proto(row, with_claim=row["status"] == "claimed")
-        event = authz_pb2.ToolCallEvent(type=event_type, tool_call=tool_call)
-        agent_id = str(row["agent_id"])
+    async def _send(self, call: ToolCall, message: authz_pb2.ToolCall | None) -> bool:
+        event_type = EVENT_TYPES[call.status]
+        if message is None:
+            message = call.to_proto(with_claim=call.status == "claimed")
+        event = authz_pb2.ToolCallEvent(type=event_type, tool_call=message)
+        agent_id = str(call.agent_id)
         try:
             await self.bus.publish(
                 self.bus.subjects.events(agent_id, event_type),
                 event.SerializeToString(),
-                msg_id=f"authz:{agent_id}:{row['id']}:{row['status']}",
+                msg_id=f"authz:{agent_id}:{call.id}:{call.status}",
             )
         except ParleyError as exc:
             log.warning(
                 "event not published; the sweeper retries",
                 agent_id=agent_id,
-                tool_call_id=row["id"],
+                tool_call_id=call.id,
                 code=exc.code,
             )
             return False
         return True
 
-    async def publish(self, rows: list[Row]) -> int:
-        """Publish the rows' events together, then record the ones that went out; returns how many."""
-        return await self._publish([(row, None) for row in rows])
+    async def publish(self, calls: list[ToolCall]) -> int:
+        """Publish the calls' events together, then record the ones that went out; returns how many."""
+        return await self._publish([(call, None) for call in calls])
 
-    async def _publish(self, batch: list[tuple[Row, authz_pb2.ToolCall | None]]) -> int:
-        outcomes = await asyncio.gather(*(self._send(row, tool_call) for row, tool_call in batch))
-        sent = [row for (row, _), ok in zip(batch, outcomes, strict=True) if ok]
+    async def _publish(self, batch: list[tuple[ToolCall, authz_pb2.ToolCall | None]]) -> int:
+        outcomes = await asyncio.gather(*(self._send(call, message) for call, message in batch))
+        sent = [call for (call, _), ok in zip(batch, outcomes, strict=True) if ok]
         if sent:
             try:
                 await self.store.mark_announced(sent)

@@ -272,10 +272,8 @@ WITH seen AS (
      WHERE c.agent_id = consumed.agent_id AND c.confirmation_id = consumed.confirmation_id
        AND c.state IN ('pending', 'issued')
 )
-SELECT a.id AS authorization_id, a.request_digest AS authorized_request_digest,
-       a.decision_id AS authorized_decision_id, a.decision_digest AS authorized_decision_digest,
-       a.grant_digest AS authorized_grant_digest, a.account_id, a.snapshot_version, a.capability, a.operation,
-       a.risk, a.input_digest, a.authorized_at,
+SELECT a.id, a.agent_id, a.request_digest, a.decision_id, a.decision_digest, a.grant_digest, a.account_id,
+       a.snapshot_version, a.capability, a.operation, a.risk, a.input_digest, a.authorized_at,
        c.decision_id IS NOT NULL AS deleted, c.live AS deleted_live, c.current AS deleted_current,
        s.request_digest AS seen_request_digest, s.decision_digest AS seen_decision_digest,
        s.confirmation_id AS seen_confirmation_id, s.live AS seen_live, s.current AS seen_current,
@@ -313,8 +311,9 @@ WITH a AS (
     RETURNING recorded_at
 )
 SELECT (SELECT recorded_at FROM recorded) AS recorded_at, now() AS db_now,
-       a.id IS NOT NULL AS authorization_exists, a.request_digest, a.decision_digest, a.grant_digest,
-       a.account_id, a.capability, a.operation, a.input_digest, a.authorized_at,
+       a.id IS NOT NULL AS authorization_exists, a.id, a.agent_id, a.request_digest, a.decision_id,
+       a.decision_digest, a.grant_digest, a.account_id, a.snapshot_version, a.capability, a.operation, a.risk,
+       a.input_digest, a.authorized_at,
        r.receipt_digest AS existing_digest, r.recorded_at AS existing_recorded_at
   FROM (SELECT 1) AS one
   LEFT JOIN a ON true
@@ -413,9 +412,9 @@ WITH seen AS (
        SET state = 'consumed', consumed_at = now()
      WHERE agent_id = %(agent_id)s AND confirmation_id = %(confirmation_id)s AND state = 'issued'
        AND grant_id = %(grant_id)s AND action_digest = %(action_digest)s AND expires_at > now()
-    RETURNING *
+    RETURNING *, true AS live
 )
-SELECT c.agent_id, c.confirmation_id, c.action_digest, c.state, c.grant_id, c.created_at, c.expires_at,
+SELECT c.agent_id, c.confirmation_id, c.action_digest, c.state, c.grant_id, c.created_at, c.expires_at, c.live,
        s.state AS seen_state, s.grant_id AS seen_grant_id, s.action_digest AS seen_action_digest,
        s.live AS seen_live
   FROM (SELECT 1) AS one
