@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Any
 
 from parley.v1 import common_pb2, runtime_pb2
-from parley_platform import infra
+from parley_devinfra import infra
 from parley_platform.errors import ParleyError
 
 from . import (

@@ -26,9 +26,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from parley.v1 import common_pb2, pairing_pb2, pairing_pb2_grpc
+from parley_devinfra.infra import free_port
 from parley_platform.bus import Bus
 from parley_platform.errors import InvalidArgument, NotFound, ParleyError
-from parley_platform.infra import free_port
 from parley_platform.pairing import FULL_REPLY, UNAVAILABLE_REPLY, Admission, DmPolicy, PairingGate
 from parley_platform.rpc import STATUS, RpcClient
 from parley_platform.testing import ServiceProcess, create_database, drop_database, eventually

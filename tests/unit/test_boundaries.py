@@ -1,4 +1,5 @@
-"""Services share only libs/ and proto/: no service imports another, nor the CLI."""
+"""Services share only libs/platform and proto/: no service imports another, nor the CLI, nor the
+development infrastructure (parley_devinfra, for the CLI and the tests only)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ SERVICE_PACKAGES = {
 PACKAGES = {
     **SERVICE_PACKAGES,
     "parley_platform": ROOT / "libs" / "platform" / "parley_platform",
+    "parley_devinfra": ROOT / "libs" / "devinfra" / "parley_devinfra",
     "parley_cli": ROOT / "cli" / "parley_cli",
 }
 SHARED = {"parley", "parley_platform"}
 ALLOWED = {name: SHARED | {name} for name in PACKAGES}
+ALLOWED["parley_cli"] |= {"parley_devinfra"}
 
 
 def test_every_service_is_checked() -> None:

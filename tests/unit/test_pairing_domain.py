@@ -16,10 +16,10 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from parley.v1 import pairing_pb2
 from parley_cli import main as cli_main
+from parley_devinfra.infra import free_port
 from parley_pairing import domain
 from parley_pairing.api import timestamp_pb, well_formed
 from parley_platform.errors import InvalidArgument
-from parley_platform.infra import free_port
 from parley_platform.pairing import DmPolicy, dm_policy, page_bounds, pairing_reply
 
 DOMAIN_SOURCE = Path(domain.__file__)
