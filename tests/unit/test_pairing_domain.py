@@ -266,19 +266,18 @@ def test_cli_page_arguments_are_checked_before_any_call(
 
 
 def test_cli_parses_every_pairing_command() -> None:
-    parser = cli_main.build_parser()
-    args = parser.parse_args(["pairing", "approve", "discord", "abcd", "2345", "--agent", "helper"])
+    args = cli_main.parse_args(["pairing", "approve", "discord", "abcd", "2345", "--agent", "helper"])
     assert (args.channel, args.code, args.agent, args.by) == ("discord", ["abcd", "2345"], "helper", "")
-    args = parser.parse_args(["pairing", "deny", "telegram", "ABCD2345"])
+    args = cli_main.parse_args(["pairing", "deny", "telegram", "ABCD2345"])
     assert (args.channel, args.code, args.agent) == ("telegram", ["ABCD2345"], "default")
-    args = parser.parse_args(["pairing", "allow", "discord", "user-1", "--by", "ops"])
+    args = cli_main.parse_args(["pairing", "allow", "discord", "user-1", "--by", "ops"])
     assert (args.sender, args.by) == ("user-1", "ops")
-    args = parser.parse_args(["pairing", "revoke", "discord", "user-1"])
+    args = cli_main.parse_args(["pairing", "revoke", "discord", "user-1"])
     assert args.sender == "user-1"
-    args = parser.parse_args(["pairing", "list", "discord", "--json"])
+    args = cli_main.parse_args(["pairing", "list", "discord", "--json"])
     assert (args.limit, args.offset, args.json) == (None, None, True)
     with pytest.raises(SystemExit):
-        parser.parse_args(["pairing", "approve", "discord"])
+        cli_main.parse_args(["pairing", "approve", "discord"])
 
 
 @pytest.mark.parametrize(
