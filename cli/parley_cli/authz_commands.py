@@ -11,7 +11,7 @@ import typer
 from parley.v1 import authz_pb2, authz_pb2_grpc, common_pb2
 
 from . import client, common
-from .common import Agent, Json, Limit, Offset, command
+from .common import Agent, Json, Limit, Offset, command, when
 
 app = common.group("approvals", "Tool calls waiting for a person's decision (authz).")
 leases = common.group("leases", "Interaction leases on shared resources (authz).")
@@ -50,23 +50,19 @@ async def list_pending(
         agent_id=await client.agent_id(agent), conversation_id=conversation, page=page
     )
     reply = await call("ListPendingToolCalls", request)
-    if json:
-        common.print_page_json(reply.tool_calls, reply.page)
-        return
-    common.table(
+    common.listing(
+        json,
+        reply.tool_calls,
+        reply.page,
         ["ID", "TOOL", "CONVERSATION", "PROPOSED", "EXPIRES", "SUMMARY"],
-        [
-            [
-                c.tool_call_id,
-                c.tool,
-                c.conversation_id,
-                common.when(c.proposed_at),
-                common.when(c.expires_at),
-                c.summary,
-            ]
-            for c in reply.tool_calls
+        lambda c: [
+            c.tool_call_id,
+            c.tool,
+            c.conversation_id,
+            when(c.proposed_at),
+            when(c.expires_at),
+            c.summary,
         ],
-        common.next_offset(reply.page),
     )
 
 
@@ -118,18 +114,14 @@ async def stuck(
         page=common_pb2.PageRequest(limit=limit, offset=offset),
     )
     reply = await call("ListStuckToolCalls", request)
-    if json:
-        common.print_page_json(reply.tool_calls, reply.page)
-        return
-    common.table(
+    common.listing(
+        json,
+        reply.tool_calls,
+        reply.page,
         ["ID", "TOOL", "CLAIMED", "CLAIM TOKEN", "SUMMARY"],
-        [
-            [c.tool_call_id, c.tool, common.when(c.claim.claimed_at), c.claim.token, c.summary]
-            for c in reply.tool_calls
-        ],
-        common.next_offset(reply.page),
+        lambda c: [c.tool_call_id, c.tool, when(c.claim.claimed_at), c.claim.token, c.summary],
     )
-    if reply.tool_calls:
+    if reply.tool_calls and not json:
         print(
             "Check what each one did, stop its executor, then record the proven outcome:\n"
             "  parley approvals settle <ID> --claim-token <CLAIM TOKEN> "
@@ -176,22 +168,18 @@ async def list_leases(
         page=common_pb2.PageRequest(limit=limit, offset=offset),
     )
     reply = await call("ListLeases", request)
-    if json:
-        common.print_page_json(reply.leases, reply.page)
-        return
-    common.table(
+    common.listing(
+        json,
+        reply.leases,
+        reply.page,
         ["RESOURCE", "LEASE", "OWNER", "SESSION", "GENERATION", "FENCING", "EXPIRES"],
-        [
-            [
-                f"{lease.resource.kind}:{lease.resource.id}",
-                lease.lease_id,
-                lease.owner,
-                lease.session_id,
-                str(lease.generation),
-                str(lease.fencing_token),
-                common.when(lease.expires_at),
-            ]
-            for lease in reply.leases
+        lambda lease: [
+            f"{lease.resource.kind}:{lease.resource.id}",
+            lease.lease_id,
+            lease.owner,
+            lease.session_id,
+            lease.generation,
+            lease.fencing_token,
+            when(lease.expires_at),
         ],
-        common.next_offset(reply.page),
     )

@@ -123,8 +123,19 @@ def emit(json: bool, message: Message, text: str) -> None:
         print(text)
 
 
-def print_page_json(items: Iterable[Message], page: Any, bounds: bool = False) -> None:
-    """A page as JSON: its items, its limit and offset (with `bounds`), has_more and next_offset."""
+def listing(
+    json: bool,
+    items: Sequence[Message],
+    page: Any,
+    header: Sequence[str],
+    row: Callable[[Any], Sequence[object]],
+    bounds: bool = False,
+) -> None:
+    """A page of a list: a table of ``row(item)``, or with --json its items, its limit and offset
+    (with `bounds`), has_more and next_offset (null on the last page)."""
+    if not json:
+        table(header, [row(item) for item in items], next_offset(page))
+        return
     document: dict[str, Any] = {"items": [as_dict(item) for item in items]}
     if bounds:
         document |= {"limit": page.limit, "offset": page.offset}

@@ -16,15 +16,9 @@ call = client.caller("model-gateway", model_pb2_grpc.ModelGatewayStub)
 
 
 def _type_name(value: int) -> str:
-    return (
-        model_pb2.ModelType.Name(model_pb2.ModelType.ValueType(value)).removeprefix("MODEL_TYPE_")
-        if value
-        else "-"
-    )
-
-
-def _tokens(usage: model_pb2.Usage) -> list[int]:
-    return [usage.input_tokens, usage.output_tokens, usage.cached_input_tokens]
+    if not value:
+        return "-"
+    return model_pb2.ModelType.Name(model_pb2.ModelType.ValueType(value)).removeprefix("MODEL_TYPE_")
 
 
 @command(app, "list")
@@ -80,11 +74,13 @@ async def usage(
                 _type_name(r.model_type),
                 r.kind,
                 r.requests,
-                *_tokens(r.usage),
+                r.usage.input_tokens,
+                r.usage.output_tokens,
+                r.usage.cached_input_tokens,
             ]
             for r in rows
         ],
-        common.next_offset(reply.page) if not all else None,
+        common.next_offset(reply.page),
     )
 
 

@@ -11,7 +11,7 @@ from parley.v1 import pairing_pb2, pairing_pb2_grpc
 from parley_platform.pairing import page_bounds
 
 from . import client, common
-from .common import Agent, command
+from .common import Agent, command, when
 
 app = common.group("pairing", "Who may talk to an agent: pairing codes and allowlists.")
 call = client.caller("pairing", pairing_pb2_grpc.PairingStub)
@@ -24,13 +24,6 @@ By = Annotated[str, typer.Option(metavar="WHO", help="who approves (default: ope
 Limit = Annotated[str | None, typer.Option(metavar="N", help="1 to 100 (default 50)")]
 Offset = Annotated[str | None, typer.Option(metavar="N", help="0 or more (default 0)")]
 Json = Annotated[bool, typer.Option("--json", help="the page as JSON")]
-
-
-def _print_page(reply: Any, json: bool, header: list[str], rows: list[list[str]]) -> None:
-    if json:
-        common.print_page_json(reply.items, reply, bounds=True)
-    else:
-        common.table(header, rows, common.next_offset(reply))
 
 
 def _metadata(item: Any) -> str:
@@ -47,11 +40,14 @@ async def list_requests(
         agent_id=await client.agent_id(agent), channel=channel, limit=limit_, offset=offset_
     )
     reply = await call("ListPendingRequestsPage", request)
-    rows = [
-        [r.code, r.sender_id, common.when(r.created_at), common.when(r.expires_at), _metadata(r)]
-        for r in reply.items
-    ]
-    _print_page(reply, json, ["CODE", "SENDER", "CREATED", "EXPIRES", "METADATA"], rows)
+    common.listing(
+        json,
+        reply.items,
+        reply,
+        ["CODE", "SENDER", "CREATED", "EXPIRES", "METADATA"],
+        lambda r: [r.code, r.sender_id, when(r.created_at), when(r.expires_at), _metadata(r)],
+        bounds=True,
+    )
 
 
 @command(app)
@@ -64,8 +60,14 @@ async def allowlist(
         agent_id=await client.agent_id(agent), channel=channel, limit=limit_, offset=offset_
     )
     reply = await call("GetAllowlistPage", request)
-    rows = [[e.sender_id, e.added_by, common.when(e.created_at), _metadata(e)] for e in reply.items]
-    _print_page(reply, json, ["SENDER", "ADDED BY", "ADDED", "METADATA"], rows)
+    common.listing(
+        json,
+        reply.items,
+        reply,
+        ["SENDER", "ADDED BY", "ADDED", "METADATA"],
+        lambda e: [e.sender_id, e.added_by, when(e.created_at), _metadata(e)],
+        bounds=True,
+    )
 
 
 @command(app)

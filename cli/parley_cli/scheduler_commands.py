@@ -65,7 +65,9 @@ def _schedule(task: scheduler_pb2.Task) -> str:
 async def list_tasks(
     agent: str = typer.Option("", metavar="NAME", help="only this agent's (name or id)"),
     tag: list[str] | None = typer.Option(None, metavar="TAG", help="only tasks with this tag (repeatable)"),
-    status: Literal["active", "failed", "paused", "running"] | None = typer.Option(None),
+    status: Literal["active", "failed", "paused", "running"] | None = typer.Option(
+        None, help="only tasks in this state"
+    ),
     name: str = typer.Option("", metavar="WORKER", help="only this worker name"),
     limit: Limit = 50,
     offset: Offset = 0,
