@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -92,7 +93,8 @@ class TerminalConnector:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, agent_id: str, user: str) -> AsyncIterator[TerminalConnector]:
+    async def open(cls, agent_id: str, user: str | None = None) -> AsyncIterator[TerminalConnector]:
+        """Connected to NATS as `user` (default: $USER), receiving the agent's replies to the terminal."""
         url = config.nats_url()
         if url is None:
             raise FailedPrecondition(
@@ -101,7 +103,7 @@ class TerminalConnector:
                 hint="start the suite with `make run`, or set PARLEY_NATS_URL",
             )
         bus = await Bus.connect(url, name="parley-cli", namespace=config.namespace(), connect_timeout=3)
-        connector = cls(bus, agent_id, user)
+        connector = cls(bus, agent_id, user or os.environ.get("USER", "you"))
         try:
             await bus.subscribe(bus.subjects.outbound(agent_id, TERMINAL_SOURCE), connector._on_reply)
             yield connector

@@ -110,7 +110,7 @@ async def send(
 
     Exit code 1, with the reason on stderr, when no reply comes within --timeout."""
     found = await client.resolve_agent(agent)
-    async with client.TerminalConnector.open(found.id, user or os.environ.get("USER", "you")) as connector:
+    async with client.TerminalConnector.open(found.id, user) as connector:
         reply = await connector.reply_to(await connector.send(text), timeout)
     print(reply.text)
 
@@ -120,7 +120,7 @@ async def chat(agent: Agent = "default", user: User = None, timeout: ReplyTimeou
     """Chat with an agent in the terminal (Ctrl-D leaves)."""
     found = await client.resolve_agent(agent)
     print(f"Talking to {found.name}. Type a message and press Enter; Ctrl-D to leave.")
-    async with client.TerminalConnector.open(found.id, user or os.environ.get("USER", "you")) as connector:
+    async with client.TerminalConnector.open(found.id, user) as connector:
         while True:
             try:
                 text = await asyncio.to_thread(input, "you> ")
@@ -240,8 +240,11 @@ async def memories(
         request = runtime_pb2.SearchMemoriesRequest(
             agent_id=agent, query=search, table=kind, room_id=room, limit=min(limit, 50)
         )
-        for hit in (await client.runtime("SearchMemories", request)).hits:
+        hits = (await client.runtime("SearchMemories", request)).hits
+        for hit in hits:
             print(f"{hit.similarity:.3f}  {hit.memory.text}")
+        if not hits:
+            print("(none)")
         return
     page = common_pb2.PageRequest(limit=limit, offset=offset)
     reply = await client.runtime(
