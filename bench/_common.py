@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from parley_platform import infra
-from parley_platform.infra import free_port
+from parley_devinfra import infra
+from parley_devinfra.infra import free_port
 from parley_platform.testing import ServiceProcess, create_database, drop_database
 
 ROOT = Path(__file__).resolve().parent.parent

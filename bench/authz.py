@@ -31,9 +31,9 @@ import psycopg
 from _common import BenchEnv, Series, bench_env, report
 
 from parley.v1 import authz_pb2, authz_pb2_grpc
+from parley_devinfra.infra import free_port
 from parley_platform import canonical
 from parley_platform.bus import Bus
-from parley_platform.infra import free_port
 from parley_platform.rpc import RpcClient
 from parley_platform.testing import ServiceProcess
 

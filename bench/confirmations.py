@@ -31,8 +31,8 @@ from _common import ROOT, Series, bench_env, report, service_process, suite_env
 from turn_latency import floors
 
 from parley.v1 import authz_pb2, runtime_pb2
+from parley_devinfra.infra import free_port
 from parley_platform.bus import Bus
-from parley_platform.infra import free_port
 from parley_platform.rpc import RpcClient
 from parley_platform.testing import ServiceProcess
 

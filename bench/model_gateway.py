@@ -24,8 +24,8 @@ from _common import ROOT, BenchEnv, Series, bench_env, report
 
 from parley.v1 import model_pb2
 from parley_clients.batcher import BatcherClient
+from parley_devinfra.infra import free_port
 from parley_platform.bus import Bus
-from parley_platform.infra import free_port
 from parley_platform.rpc import RpcClient
 from parley_platform.testing import ServiceProcess
 

@@ -30,10 +30,10 @@ from _common import BenchEnv, Series, bench_env, report
 from psycopg.types.json import Jsonb
 
 from parley.v1 import pairing_pb2, pairing_pb2_grpc
+from parley_devinfra.infra import free_port
 from parley_pairing.domain import new_code
 from parley_pairing.store import MIGRATIONS_DIR, SCHEMA, Q
 from parley_platform.bus import Bus
-from parley_platform.infra import free_port
 from parley_platform.postgres import migrate
 from parley_platform.rpc import RpcClient
 from parley_platform.testing import ServiceProcess

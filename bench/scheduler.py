@@ -38,8 +38,8 @@ import psycopg
 from _common import BenchEnv, Series, bench_env, percentile, report
 
 from parley.v1 import scheduler_pb2
+from parley_devinfra.infra import free_port
 from parley_platform.bus import Bus
-from parley_platform.infra import free_port
 from parley_platform.rpc import RpcClient
 from parley_platform.testing import ServiceProcess
 

@@ -24,8 +24,8 @@ from _common import ROOT, BenchEnv, Series, bench_env, report
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from parley.v1 import runtime_pb2
+from parley_devinfra.infra import free_port
 from parley_platform.bus import Bus
-from parley_platform.infra import free_port
 from parley_platform.testing import ServiceProcess
 
 AGENT_ID = str(uuid.uuid5(uuid.UUID("6f1f3f3e-6a0c-5b8e-9a57-5061726c6579"), "agent:default"))

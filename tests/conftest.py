@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from parley_platform import infra
+from parley_devinfra import infra
 from parley_platform.bus import Bus, standard_streams
 from parley_platform.testing import create_database, drop_database
 from support import SessionEnv

@@ -12,8 +12,8 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from parley.v1 import runtime_pb2
+from parley_devinfra.infra import free_port
 from parley_platform.bus import Bus
-from parley_platform.infra import free_port
 from parley_platform.testing import ServiceProcess
 
 ROOT = Path(__file__).resolve().parent.parent

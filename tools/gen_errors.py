@@ -25,14 +25,7 @@ CATALOG_MODULES = [
 
 
 def catalogs() -> list[Catalog]:
-    found = []
-    for name in CATALOG_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError:
-            continue
-        found.append(module.CATALOG)
-    return found
+    return [importlib.import_module(name).CATALOG for name in CATALOG_MODULES]
 
 
 def render() -> str:

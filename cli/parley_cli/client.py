@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
 from parley.v1 import common_pb2, runtime_pb2, runtime_pb2_grpc
 from parley_platform.bus import Bus
@@ -18,59 +20,49 @@ from parley_platform.grpcserver import error_from_rpc_error
 from . import config
 
 TERMINAL_SOURCE = "terminal"
-S = TypeVar("S")
-Metadata = list[tuple[str, str]]
+Call = Callable[..., Awaitable[Any]]
 
 
-@asynccontextmanager
-async def service_stub(
-    service: str, stub_class: Callable[[grpc.aio.Channel], S]
-) -> AsyncIterator[tuple[S, Metadata]]:
-    """A gRPC stub of one of the suite's services, with the operator token to send along."""
-    token = config.operator_token()
-    if token is None:
-        raise Unauthenticated(
-            "no operator token: set PARLEY_OPERATOR_TOKEN",
-            hint="`parley run` writes one to .parley/operator-token",
-        )
-    async with grpc.aio.insecure_channel(config.grpc_address(service)) as channel:
-        yield stub_class(channel), [("authorization", f"Bearer {token}")]
+def caller(service: str, stub_class: Callable[[grpc.aio.Channel], object], timeout: float = 10.0) -> Call:
+    """``call(method, request, timeout=...)``: one RPC of a gRPC service of the suite, sent with the
+    operator token. A service that is not running and every Parley error become a clear ParleyError."""
+    default_timeout = timeout
+
+    async def call(method: str, request: Message, timeout: float = default_timeout) -> Any:
+        token = config.operator_token()
+        if token is None:
+            raise Unauthenticated(
+                "no operator token: set PARLEY_OPERATOR_TOKEN",
+                hint="`parley run` writes one to .parley/operator-token",
+            )
+        async with grpc.aio.insecure_channel(config.grpc_address(service)) as channel:
+            rpc = getattr(stub_class(channel), method)
+            try:
+                return await rpc(request, metadata=[("authorization", f"Bearer {token}")], timeout=timeout)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    raise FailedPrecondition(
+                        f"the {service} is not reachable at {config.grpc_address(service)}",
+                        code="SERVICE_UNREACHABLE",
+                        hint=f"start the suite with `make run` (or set {config.address_env(service)})",
+                    ) from exc
+                raise error_from_rpc_error(exc) from exc
+
+    return call
 
 
-def runtime_stub() -> AbstractAsyncContextManager[tuple[runtime_pb2_grpc.RuntimeStub, Metadata]]:
-    return service_stub("runtime", runtime_pb2_grpc.RuntimeStub)
-
-
-async def call(
-    method: Any, request: Any, metadata: Metadata, timeout: float = 10.0, service: str = "runtime"
-) -> Any:
-    """Call one RPC; a service that is not running and every Parley error become a clear ParleyError."""
-    try:
-        return await method(request, metadata=metadata, timeout=timeout)
-    except grpc.aio.AioRpcError as exc:
-        if exc.code() == grpc.StatusCode.UNAVAILABLE:
-            raise FailedPrecondition(
-                f"the {service} is not reachable at {config.grpc_address(service)}",
-                code="SERVICE_UNREACHABLE",
-                hint=f"start the suite with `make run` (or set {config.address_env(service)})",
-            ) from exc
-        raise error_from_rpc_error(exc) from exc
+runtime = caller("runtime", runtime_pb2_grpc.RuntimeStub)
 
 
 async def list_agents() -> list[runtime_pb2.Agent]:
-    async with runtime_stub() as (stub, metadata):
-        agents: list[runtime_pb2.Agent] = []
-        offset = 0
-        while True:
-            page = await call(
-                stub.ListAgents,
-                runtime_pb2.ListAgentsRequest(page=common_pb2.PageRequest(limit=100, offset=offset)),
-                metadata,
-            )
-            agents.extend(page.agents)
-            if not page.page.has_more:
-                return agents
-            offset = page.page.next_offset
+    agents: list[runtime_pb2.Agent] = []
+    page = common_pb2.PageRequest(limit=100)
+    while True:
+        reply = await runtime("ListAgents", runtime_pb2.ListAgentsRequest(page=page))
+        agents.extend(reply.agents)
+        if not reply.page.has_more:
+            return agents
+        page.offset = reply.page.next_offset
 
 
 async def resolve_agent(ref: str) -> runtime_pb2.Agent:
@@ -78,6 +70,16 @@ async def resolve_agent(ref: str) -> runtime_pb2.Agent:
         if ref in (agent.id, agent.name):
             return agent
     raise NotFound(f"no agent named {ref!r}", code="AGENT_NOT_FOUND", hint="list them with `parley agents`")
+
+
+async def agent_id(ref: str) -> str:
+    """An agent id as given (a UUID; empty stays empty), else the id of the agent with that name."""
+    if not ref:
+        return ref
+    try:
+        return str(uuid.UUID(ref))
+    except ValueError:
+        return (await resolve_agent(ref)).id
 
 
 class TerminalConnector:
@@ -91,7 +93,8 @@ class TerminalConnector:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, agent_id: str, user: str) -> AsyncIterator[TerminalConnector]:
+    async def open(cls, agent_id: str, user: str | None = None) -> AsyncIterator[TerminalConnector]:
+        """Connected to NATS as `user` (default: $USER), receiving the agent's replies to the terminal."""
         url = config.nats_url()
         if url is None:
             raise FailedPrecondition(
@@ -100,7 +103,7 @@ class TerminalConnector:
                 hint="start the suite with `make run`, or set PARLEY_NATS_URL",
             )
         bus = await Bus.connect(url, name="parley-cli", namespace=config.namespace(), connect_timeout=3)
-        connector = cls(bus, agent_id, user)
+        connector = cls(bus, agent_id, user or os.environ.get("USER", "you"))
         try:
             await bus.subscribe(bus.subjects.outbound(agent_id, TERMINAL_SOURCE), connector._on_reply)
             yield connector

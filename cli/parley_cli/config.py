@@ -7,7 +7,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from parley_platform import infra
+from parley_devinfra import infra
 
 
 @dataclass(frozen=True)

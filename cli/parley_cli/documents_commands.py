@@ -6,21 +6,20 @@ The operator acts as OWNER: every document is visible and may be changed. The ru
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Literal
 
-from google.protobuf.json_format import MessageToDict
+import typer
 
 from parley.v1 import common_pb2, documents_pb2, documents_pb2_grpc
 from parley_platform.errors import InvalidArgument
 
-from . import client
+from . import client, common
+from .common import Agent, Json, Room, command
 
-SERVICE = "runtime"
+app = common.group("docs", "An agent's documents (knowledge), searched by meaning.")
+call = client.caller("runtime", documents_pb2_grpc.DocumentsStub, timeout=120.0)
 OPERATOR = documents_pb2.Requester(operator=True)
 SCOPES = {
     "global": documents_pb2.DOCUMENT_SCOPE_GLOBAL,
@@ -31,29 +30,14 @@ SCOPES = {
 SCOPE_NAMES = {value: name for name, value in SCOPES.items()}
 MAX_FILE_BYTES = 3 * 1024 * 1024
 
-
-async def _call(method_name: str, request: Any) -> Any:
-    async with client.service_stub(SERVICE, documents_pb2_grpc.DocumentsStub) as (stub, metadata):
-        return await client.call(getattr(stub, method_name), request, metadata, timeout=120.0)
-
-
-def _int(value: str | None, name: str, default: int) -> int:
-    if value is None:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise InvalidArgument(f"--{name} must be an integer, got {value!r}", code="INVALID_PAGE") from None
+DocumentId = Annotated[str, typer.Argument(metavar="DOC_ID", help="the document's id")]
 
 
 def _describe(doc: documents_pb2.Document) -> str:
-    when = doc.created_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S") if doc.created_at.seconds else "-"
     scope = SCOPE_NAMES.get(doc.scope, "?")
-    return f"{doc.id}  {scope:<13} {doc.fragment_count:>4} fragments  {when}  {doc.title}"
-
-
-def _as_json(message: Any) -> str:
-    return json.dumps(MessageToDict(message, preserving_proto_field_name=True), indent=2)
+    return (
+        f"{doc.id}  {scope:<13} {doc.fragment_count:>4} fragments  {common.when(doc.created_at)}  {doc.title}"
+    )
 
 
 def _read_file(path: Path) -> bytes | None:
@@ -65,39 +49,59 @@ def _read_file(path: Path) -> bytes | None:
     return path.read_bytes()
 
 
-async def cmd_add(args: argparse.Namespace) -> int:
+@command(app)
+async def add(
+    source: str = typer.Argument(..., metavar="SOURCE", help="a file path, or the text itself"),
+    agent: Agent = "default",
+    text: bool = typer.Option(False, "--text", help="take SOURCE as text even if a file has that name"),
+    title: str = typer.Option("", metavar="TITLE", help="default: the file name or the text's beginning"),
+    room: str = typer.Option("", metavar="ROOM_ID", help="the room it belongs to (its room entitlement)"),
+    scope: Literal["agent-private", "global", "owner-private", "user-private"] = typer.Option("global"),
+    scoped_to: str = typer.Option("", metavar="ENTITY_ID", help="whom a user-private document belongs to"),
+    grant: list[str] | None = typer.Option(None, metavar="ENTITY_ID", help="a direct grant (repeatable)"),
+    content_type: str = typer.Option("", metavar="TYPE", help="text/plain, text/markdown or application/pdf"),
+    json: Json = False,
+) -> None:
+    """Add a document: a .txt, .md or .pdf file, or text.
+
+    It is cut into fragments, which search and the agent's KNOWLEDGE provider find by meaning."""
     request = documents_pb2.AddDocumentRequest(
-        agent_id=args.agent,
+        agent_id=agent,
         requester=OPERATOR,
-        room_id=args.room or "",
-        scope=SCOPES[args.scope],
-        scoped_to_entity_id=args.scoped_to or "",
-        direct_grant_entity_ids=args.grant or [],
-        title=args.title or "",
-        content_type=args.content_type or "",
+        room_id=room,
+        scope=SCOPES[scope],
+        scoped_to_entity_id=scoped_to,
+        direct_grant_entity_ids=grant or [],
+        title=title,
+        content_type=content_type,
     )
-    content = None if args.text else await asyncio.to_thread(_read_file, Path(args.source))
+    content = None if text else await asyncio.to_thread(_read_file, Path(source))
     if content is None:
-        request.text = args.source
+        request.text = source
     else:
         request.content = content
-        request.file_name = Path(args.source).name
-    doc = await _call("AddDocument", request)
-    print(_as_json(doc) if args.json else f"added: {_describe(doc)}")
-    return 0
+        request.file_name = Path(source).name
+    doc = await call("AddDocument", request)
+    common.emit(json, doc, f"added: {_describe(doc)}")
 
 
-async def cmd_list(args: argparse.Namespace) -> int:
-    page = common_pb2.PageRequest(limit=_int(args.limit, "limit", 0), offset=_int(args.offset, "offset", 0))
-    reply = await _call(
+@command(app, "list")
+async def list_documents(
+    agent: Agent = "default",
+    room: Room = "",
+    limit: int = typer.Option(0, metavar="N", help="1 to 100 (default 50)", show_default=False),
+    offset: int = typer.Option(0, metavar="N", help="0 or more"),
+    json: Json = False,
+) -> None:
+    """Documents, newest first, and how many there are in all."""
+    page = common_pb2.PageRequest(limit=limit, offset=offset)
+    reply = await call(
         "ListDocuments",
-        documents_pb2.ListDocumentsRequest(
-            agent_id=args.agent, requester=OPERATOR, room_id=args.room or "", page=page
-        ),
+        documents_pb2.ListDocumentsRequest(agent_id=agent, requester=OPERATOR, room_id=room, page=page),
     )
-    if args.json:
-        print(_as_json(reply))
-        return 0
+    if json:
+        common.print_json(reply)
+        return
     for doc in reply.documents:
         print(_describe(doc))
     if not reply.documents:
@@ -105,118 +109,86 @@ async def cmd_list(args: argparse.Namespace) -> int:
     print(f"{reply.total} in all")
     if reply.page.has_more:
         print(f"more: --offset {reply.page.next_offset}")
-    return 0
 
 
-async def cmd_show(args: argparse.Namespace) -> int:
-    doc = await _call(
-        "GetDocument",
-        documents_pb2.GetDocumentRequest(
-            agent_id=args.agent, requester=OPERATOR, document_id=args.id, include_text=args.text
-        ),
+@command(app)
+async def show(
+    id: DocumentId,
+    agent: Agent = "default",
+    text: bool = typer.Option(False, "--text", help="print its text too"),
+    json: Json = False,
+) -> None:
+    """One document: its scope, room, grants and revision."""
+    request = documents_pb2.GetDocumentRequest(
+        agent_id=agent, requester=OPERATOR, document_id=id, include_text=text
     )
-    if args.json:
-        print(_as_json(doc))
-        return 0
+    doc = await call("GetDocument", request)
+    if json:
+        common.print_json(doc)
+        return
     print(_describe(doc))
     print(f"content type: {doc.content_type}, {doc.size_bytes} bytes, access revision {doc.access_revision}")
     print(f"room: {doc.room_id or '(none)'}")
     if doc.scoped_to_entity_id:
         print(f"scoped to: {doc.scoped_to_entity_id}")
     print(f"direct grants: {', '.join(doc.direct_grant_entity_ids) or '(none)'}")
-    if args.text:
+    if text:
         print()
         print(doc.text)
-    return 0
 
 
-async def cmd_remove(args: argparse.Namespace) -> int:
-    reply = await _call(
-        "RemoveDocument",
-        documents_pb2.RemoveDocumentRequest(agent_id=args.agent, requester=OPERATOR, document_id=args.id),
+@command(app)
+async def remove(id: DocumentId, agent: Agent = "default", json: Json = False) -> None:
+    """Remove a document and its fragments."""
+    request = documents_pb2.RemoveDocumentRequest(agent_id=agent, requester=OPERATOR, document_id=id)
+    reply = await call("RemoveDocument", request)
+    common.emit(json, reply, f"removed: {reply.document_id} ({reply.fragments_removed} fragments)")
+
+
+@command(app)
+async def grant(
+    id: DocumentId,
+    revision: int = typer.Option(..., metavar="N", help="its access revision (see `parley docs show`)"),
+    entity: list[str] | None = typer.Option(
+        None, metavar="ENTITY_ID", help="a grantee (repeatable; none: no grants)"
+    ),
+    agent: Agent = "default",
+    json: Json = False,
+) -> None:
+    """Replace a document's direct grants.
+
+    Direct grants name who may read it besides those its scope and room allow."""
+    request = documents_pb2.ReplaceDocumentGrantsRequest(
+        agent_id=agent,
+        requester=OPERATOR,
+        document_id=id,
+        expected_access_revision=revision,
+        direct_grant_entity_ids=entity or [],
     )
-    print(f"removed: {reply.document_id} ({reply.fragments_removed} fragments)")
-    return 0
+    doc = await call("ReplaceDocumentGrants", request)
+    grants = len(doc.direct_grant_entity_ids)
+    common.emit(json, doc, f"grants replaced: {grants} entities, access revision {doc.access_revision}")
 
 
-async def cmd_grant(args: argparse.Namespace) -> int:
-    doc = await _call(
-        "ReplaceDocumentGrants",
-        documents_pb2.ReplaceDocumentGrantsRequest(
-            agent_id=args.agent,
-            requester=OPERATOR,
-            document_id=args.id,
-            expected_access_revision=args.revision,
-            direct_grant_entity_ids=args.entity or [],
-        ),
+@command(app)
+async def search(
+    query: str = typer.Argument(..., metavar="QUERY"),
+    agent: Agent = "default",
+    room: Room = "",
+    limit: int = typer.Option(10, metavar="N", help="1 to 100"),
+    json: Json = False,
+) -> None:
+    """The fragments nearest in meaning to a query.
+
+    Best first, one a line: similarity, title #position: text."""
+    request = documents_pb2.SearchDocumentsRequest(
+        agent_id=agent, requester=OPERATOR, query=query, limit=limit, room_id=room
     )
-    print(
-        f"grants replaced: {len(doc.direct_grant_entity_ids)} entities, access revision {doc.access_revision}"
-    )
-    return 0
-
-
-async def cmd_search(args: argparse.Namespace) -> int:
-    reply = await _call(
-        "SearchDocuments",
-        documents_pb2.SearchDocumentsRequest(
-            agent_id=args.agent,
-            requester=OPERATOR,
-            query=args.query,
-            limit=args.limit,
-            room_id=args.room or "",
-        ),
-    )
+    reply = await call("SearchDocuments", request)
+    if json:
+        common.print_json(reply)
+        return
     for f in reply.fragments:
         print(f"{f.similarity:.3f}  {f.title} #{f.position}: {' '.join(f.text.split())[:200]}")
     if not reply.fragments:
         print("(none)")
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    docs = subparsers.add_parser("docs", help="an agent's documents (knowledge): add, list, show, remove")
-    sub = docs.add_subparsers(dest="docs_command", required=True)
-
-    def command(
-        name: str, help_text: str, handler: Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
-    ) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = sub.add_parser(name, help=help_text)
-        p.add_argument("--agent", default="default", help="agent name or id (default: default)")
-        p.add_argument("--json", action="store_true", help="print the answer as JSON")
-        p.set_defaults(coro=handler)
-        return p
-
-    p = command("add", "add a document: text, or a .txt, .md or .pdf file", cmd_add)
-    p.add_argument("source", help="a file path, or the text itself")
-    p.add_argument("--text", action="store_true", help="take SOURCE as text even if a file has that name")
-    p.add_argument("--title", help="default: the file name or the text's beginning")
-    p.add_argument("--room", help="the room id the document belongs to (its room entitlement)")
-    p.add_argument("--scope", choices=sorted(SCOPES), default="global", help="default: global")
-    p.add_argument("--scoped-to", help="the entity id a user-private document belongs to")
-    p.add_argument("--grant", action="append", metavar="ENTITY_ID", help="a direct grant (repeatable)")
-    p.add_argument(
-        "--content-type", help="text/plain, text/markdown or application/pdf (default: by extension)"
-    )
-    p = command("list", "documents, newest first", cmd_list)
-    p.add_argument("--room", help="only this room's documents")
-    p.add_argument("--limit", help="1 to 100 (default 50)")
-    p.add_argument("--offset", help="0 or more (default 0)")
-    p = command("show", "one document", cmd_show)
-    p.add_argument("id")
-    p.add_argument("--text", action="store_true", help="print its text too")
-    p = command("remove", "remove a document and its fragments", cmd_remove)
-    p.add_argument("id")
-    p = command("grant", "replace a document's direct grants", cmd_grant)
-    p.add_argument("id")
-    p.add_argument("--revision", type=int, required=True, help="its access revision (see `parley docs show`)")
-    p.add_argument(
-        "--entity",
-        action="append",
-        metavar="ENTITY_ID",
-        help="a grantee (repeatable; none: remove every grant)",
-    )
-    p = command("search", "fragments nearest to a query", cmd_search)
-    p.add_argument("query")
-    p.add_argument("--room", help="only this room's documents")
-    p.add_argument("--limit", type=int, default=10, help="1 to 100 (default 10)")

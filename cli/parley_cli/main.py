@@ -1,4 +1,4 @@
-"""The `parley` command."""
+"""The `parley` command: run the suite, talk to its agents, and operate its services over gRPC."""
 
 from __future__ import annotations
 
@@ -7,19 +7,20 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Callable, Coroutine
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+from typing import Annotated, Literal
+
+import typer
 
 from parley.v1 import common_pb2, runtime_pb2
-from parley_platform import infra
-from parley_platform.errors import ParleyError
+from parley_devinfra import infra
+from parley_platform.errors import InvalidArgument, ParleyError
 
 from . import (
     actions_commands,
     authz_commands,
     client,
+    common,
     config,
     documents_commands,
     models_commands,
@@ -27,269 +28,255 @@ from . import (
     scheduler_commands,
     supervisor,
 )
+from .common import Agent, Json, Limit, Offset, Room, command
+
+app = common.group(
+    None,
+    """Run the Parley suite, talk to its agents, and operate its services.
+
+    `parley run` starts everything on this machine; the other commands talk to it. They find the
+    services at PARLEY_<SERVICE>_ADDR (default 127.0.0.1 and the service's port) and NATS at
+    PARLEY_NATS_URL (else what `parley infra up` recorded), and send PARLEY_OPERATOR_TOKEN
+    (else the token `parley run` keeps in .parley/operator-token). Lists print plain columns when
+    stdout is not a terminal, and most commands take --json. Errors go to stderr with exit code 1.
+    """,
+)
+infra_app = common.group("infra", "The embedded NATS and PostgreSQL, under .parley/.")
+app.add_typer(infra_app)
+for module_app in (
+    actions_commands.app,
+    authz_commands.app,
+    authz_commands.leases,
+    documents_commands.app,
+    models_commands.app,
+    pairing_commands.app,
+    scheduler_commands.app,
+):
+    app.add_typer(module_app)
+
+User = Annotated[
+    str | None, typer.Option(metavar="NAME", help="your name as the agent sees it (default: $USER)")
+]
+ReplyTimeout = Annotated[
+    float, typer.Option("--timeout", metavar="SECONDS", help="how long to wait for a reply")
+]
 
 
-def _fail(exc: ParleyError) -> int:
-    print(f"parley: {exc.message}", file=sys.stderr)
-    if exc.hint:
-        print(f"  hint: {exc.hint}", file=sys.stderr)
-    return 1
+@command(app)
+def run() -> int:
+    """Start NATS, PostgreSQL and every service here.
+
+    The embedded NATS and PostgreSQL start unless PARLEY_NATS_URL and PARLEY_DATABASE_URL are set;
+    each service logs to .parley/logs/<service>.log and is restarted when it dies. Ctrl-C stops the
+    services, then the infrastructure it started."""
+    return supervisor.run()
 
 
-def _run(coro: Coroutine[Any, Any, int]) -> int:
-    try:
-        return asyncio.run(coro)
-    except ParleyError as exc:
-        return _fail(exc)
-    except KeyboardInterrupt:
-        return 130
+@command(infra_app)
+def up() -> None:
+    """Start them, and print their URLs.
+
+    A no-op when they run already; with PARLEY_NATS_URL and PARLEY_DATABASE_URL set, those are used
+    instead. Prints PARLEY_NATS_URL=... and PARLEY_DATABASE_URL=... lines."""
+    env = os.environ.get
+    endpoints = infra.up(
+        config.state_dir(), nats_url=env("PARLEY_NATS_URL"), database_url=env("PARLEY_DATABASE_URL")
+    )
+    print(f"PARLEY_NATS_URL={endpoints.nats_url}")
+    print(f"PARLEY_DATABASE_URL={endpoints.database_url}")
 
 
-def cmd_infra(args: argparse.Namespace) -> int:
-    state = config.state_dir()
-    try:
-        if args.action == "up":
-            endpoints = infra.up(
-                state,
-                nats_url=os.environ.get("PARLEY_NATS_URL"),
-                database_url=os.environ.get("PARLEY_DATABASE_URL"),
-            )
-            print(f"PARLEY_NATS_URL={endpoints.nats_url}")
-            print(f"PARLEY_DATABASE_URL={endpoints.database_url}")
-        elif args.action == "down":
-            stopped = infra.down(state)
-            print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
-        else:
-            print(json.dumps(infra.status(state), indent=2, default=str))
-    except ParleyError as exc:
-        return _fail(exc)
-    return 0
+@command(infra_app)
+def down() -> None:
+    """Stop what `parley infra up` started."""
+    stopped = infra.down(config.state_dir())
+    print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
 
 
-async def cmd_send(args: argparse.Namespace) -> int:
-    agent = await client.resolve_agent(args.agent)
-    async with client.TerminalConnector.open(agent.id, args.user) as connector:
-        message_id = await connector.send(args.text)
-        reply = await connector.reply_to(message_id, args.timeout)
+@command(infra_app)
+def status() -> None:
+    """Their state as JSON: running or not, process ids, ports, URLs."""
+    print(json.dumps(infra.status(config.state_dir()), indent=2, default=str))
+
+
+@command(app)
+async def send(
+    text: str = typer.Argument(..., metavar="TEXT", help="the message"),
+    agent: Agent = "default",
+    user: User = None,
+    timeout: ReplyTimeout = 60.0,
+) -> None:
+    """Send one message to an agent and print its reply.
+
+    Exit code 1, with the reason on stderr, when no reply comes within --timeout."""
+    found = await client.resolve_agent(agent)
+    async with client.TerminalConnector.open(found.id, user) as connector:
+        reply = await connector.reply_to(await connector.send(text), timeout)
     print(reply.text)
-    return 0
 
 
-async def cmd_chat(args: argparse.Namespace) -> int:
-    agent = await client.resolve_agent(args.agent)
-    print(f"Talking to {agent.name}. Type a message and press Enter; Ctrl-D to leave.")
-    async with client.TerminalConnector.open(agent.id, args.user) as connector:
+@command(app)
+async def chat(agent: Agent = "default", user: User = None, timeout: ReplyTimeout = 60.0) -> None:
+    """Chat with an agent in the terminal (Ctrl-D leaves)."""
+    found = await client.resolve_agent(agent)
+    print(f"Talking to {found.name}. Type a message and press Enter; Ctrl-D to leave.")
+    async with client.TerminalConnector.open(found.id, user) as connector:
         while True:
             try:
                 text = await asyncio.to_thread(input, "you> ")
             except EOFError:
                 print()
-                return 0
+                return
             if not text.strip():
                 continue
-            message_id = await connector.send(text)
             try:
-                reply = await connector.reply_to(message_id, args.timeout)
+                reply = await connector.reply_to(await connector.send(text), timeout)
             except ParleyError as exc:
-                _fail(exc)
+                common.fail(exc)
                 continue
-            print(f"{agent.name}> {reply.text}")
+            print(f"{found.name}> {reply.text}")
 
 
-async def cmd_agents(args: argparse.Namespace) -> int:
-    if args.action in ("add", "enable", "disable") and not args.target:
-        what = "a character file" if args.action == "add" else "an agent name or id"
-        print(f"parley agents {args.action}: give {what}", file=sys.stderr)
-        return 2
-    if args.action == "add":
+@command(app)
+async def agents(
+    action: Literal["list", "add", "enable", "disable"] = typer.Argument("list", metavar="ACTION"),
+    target: str | None = typer.Argument(None, metavar="FILE|AGENT"),
+    json: Json = False,
+) -> None:
+    """List, add, enable or disable agents.
+
+    \b
+    parley agents                  the agents (also: parley agents list)
+    parley agents add FILE         create or update an agent from a character file, live
+    parley agents enable AGENT     switch an agent on (AGENT: its name or id)
+    parley agents disable AGENT    switch it off"""
+    if action == "list":
+        found = await client.list_agents()
+        if json:
+            common.print_json([{"id": a.id, "name": a.name, "enabled": a.enabled} for a in found])
+        else:
+            common.table(
+                ["NAME", "ENABLED", "ID"], [[a.name, "yes" if a.enabled else "no", a.id] for a in found]
+            )
+        return
+    if not target:
+        raise typer.BadParameter(f"{action} needs " + ("a character file" if action == "add" else "an agent"))
+    if action == "add":
         try:
-            text = await asyncio.to_thread(Path(args.target).read_text)
+            text = await asyncio.to_thread(Path(target).read_text)
         except OSError as exc:
-            print(f"parley: cannot read {args.target}: {exc.strerror}", file=sys.stderr)
-            return 1
-        async with client.runtime_stub() as (stub, metadata):
-            agent = await client.call(
-                stub.UpsertAgent, runtime_pb2.UpsertAgentRequest(character=text), metadata
-            )
+            raise InvalidArgument(f"cannot read {target}: {exc.strerror}") from None
+        agent = await client.runtime("UpsertAgent", runtime_pb2.UpsertAgentRequest(character=text))
         print(f"saved agent {agent.name} ({agent.id}), {'enabled' if agent.enabled else 'disabled'}")
-        return 0
-    if args.action in ("enable", "disable"):
-        async with client.runtime_stub() as (stub, metadata):
-            agent = await client.call(
-                stub.SetAgentEnabled,
-                runtime_pb2.SetAgentEnabledRequest(agent_id=args.target, enabled=args.action == "enable"),
-                metadata,
-            )
+    else:
+        request = runtime_pb2.SetAgentEnabledRequest(agent_id=target, enabled=action == "enable")
+        agent = await client.runtime("SetAgentEnabled", request)
         print(f"agent {agent.name} is {'enabled' if agent.enabled else 'disabled'}")
-        return 0
-    agents = await client.list_agents()
-    if args.json:
-        print(json.dumps([{"id": a.id, "name": a.name, "enabled": a.enabled} for a in agents], indent=2))
-        return 0
-    print(f"{'NAME':<20} {'ENABLED':<8} ID")
-    for agent in agents:
-        print(f"{agent.name:<20} {'yes' if agent.enabled else 'no':<8} {agent.id}")
-    return 0
 
 
-async def cmd_turns(args: argparse.Namespace) -> int:
-    async with client.runtime_stub() as (stub, metadata):
-        if args.turn:
-            turn = await client.call(
-                stub.GetTurn, runtime_pb2.GetTurnRequest(agent_id=args.agent, turn_id=args.turn), metadata
-            )
-            print(
-                f"turn {turn.id}: {turn.state}"
-                + (f" ({turn.reason})" if turn.reason else "")
-                + f", {turn.attempts} attempt(s)"
-            )
-            if turn.error:
-                print(f"error: {turn.error}")
-            if turn.trajectory_json:
-                print(json.dumps(json.loads(turn.trajectory_json), indent=2))
-            else:
-                print("no trajectory (PARLEY_TRAJECTORY_LOGGING is off for this runtime)")
-            return 0
-        reply = await client.call(
-            stub.ListTurns,
-            runtime_pb2.ListTurnsRequest(
-                agent_id=args.agent,
-                room_id=args.room or "",
-                page=common_pb2.PageRequest(limit=args.limit, offset=args.offset),
-            ),
-            metadata,
-        )
-    for turn in reply.turns:
-        when = turn.received_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S")
-        print(f"{when}  {turn.id}  {turn.state:<10} {turn.reason}")
-    return 0
+@command(app)
+async def turns(
+    turn: str | None = typer.Argument(None, metavar="TURN_ID", help="show this turn with its trajectory"),
+    agent: Agent = "default",
+    room: Room = "",
+    limit: Limit = 50,
+    offset: Offset = 0,
+) -> None:
+    """An agent's turns, newest first, or one with its trajectory.
 
-
-async def cmd_rooms(args: argparse.Namespace) -> int:
-    async with client.runtime_stub() as (stub, metadata):
-        reply = await client.call(
-            stub.ListRooms,
-            runtime_pb2.ListRoomsRequest(
-                agent_id=args.agent, page=common_pb2.PageRequest(limit=args.limit, offset=args.offset)
-            ),
-            metadata,
-        )
-    for room in reply.rooms:
-        print(f"{room.id}  {room.source:<10} {runtime_pb2.RoomType.Name(room.type):<15} {room.channel_id}")
-    return 0
-
-
-async def cmd_memories(args: argparse.Namespace) -> int:
-    async with client.runtime_stub() as (stub, metadata):
-        if args.search:
-            found = await client.call(
-                stub.SearchMemories,
-                runtime_pb2.SearchMemoriesRequest(
-                    agent_id=args.agent,
-                    query=args.search,
-                    table=args.table if args.table != "messages" else "facts",
-                    room_id=args.room or "",
-                    limit=min(args.limit, 50),
-                ),
-                metadata,
-            )
-            for hit in found.hits:
-                print(f"{hit.similarity:.3f}  {hit.memory.text}")
-            return 0
-        reply = await client.call(
-            stub.ListMemories,
-            runtime_pb2.ListMemoriesRequest(
-                agent_id=args.agent,
-                room_id=args.room or "",
-                table=args.table,
-                page=common_pb2.PageRequest(limit=args.limit, offset=args.offset),
-            ),
-            metadata,
-        )
-    for memory in reversed(reply.memories):
-        when = memory.created_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S")
-        print(f"{when}  {memory.entity_id[:8]}  {memory.text}")
-    return 0
-
-
-# Each service's operator commands live in a module of their own with a
-# `register(subparsers)` function; add the module here.
-COMMAND_MODULES: list[ModuleType] = [
-    actions_commands,
-    pairing_commands,
-    authz_commands,
-    scheduler_commands,
-    models_commands,
-    documents_commands,
-]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="parley", description="Run and talk to the Parley agent runtime.")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("run", help="start infrastructure and every service (Ctrl-C stops all)")
-    p.set_defaults(sync=lambda _args: supervisor.run())
-
-    p = sub.add_parser("infra", help="embedded NATS and PostgreSQL")
-    p.add_argument("action", choices=["up", "down", "status"])
-    p.set_defaults(sync=cmd_infra)
-
-    def talk(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--agent", default="default", help="agent name or id (default: default)")
-        p.add_argument("--user", default=os.environ.get("USER", "you"), help="your name as the agent sees it")
-        p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a reply")
-
-    p = sub.add_parser("send", help="send one message and print the reply")
-    talk(p)
-    p.add_argument("text")
-    p.set_defaults(coro=cmd_send)
-
-    p = sub.add_parser("chat", help="chat with an agent in the terminal")
-    talk(p)
-    p.set_defaults(coro=cmd_chat)
-
-    p = sub.add_parser("agents", help="list, add (create or update from a character file), enable, disable")
-    p.add_argument("action", nargs="?", default="list", choices=["list", "add", "enable", "disable"])
-    p.add_argument("target", nargs="?", help="character file (add) or agent name/id (enable, disable)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(coro=cmd_agents)
-
-    def paged(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--agent", default="default")
-        p.add_argument("--limit", type=int, default=50)
-        p.add_argument("--offset", type=int, default=0)
-
-    p = sub.add_parser("rooms", help="list an agent's rooms")
-    paged(p)
-    p.set_defaults(coro=cmd_rooms)
-
-    p = sub.add_parser("memories", help="list an agent's memories, oldest first")
-    paged(p)
-    p.add_argument("--room", help="only this room id")
-    p.add_argument("--table", default="messages")
-    p.add_argument(
-        "--search", metavar="QUERY", help="search by meaning (facts unless --table says otherwise)"
+    With TURN_ID: its state, attempts, error and trajectory (what each stage did), when the
+    runtime records trajectories (PARLEY_TRAJECTORY_LOGGING)."""
+    if turn:
+        found = await client.runtime("GetTurn", runtime_pb2.GetTurnRequest(agent_id=agent, turn_id=turn))
+        reason = f" ({found.reason})" if found.reason else ""
+        print(f"turn {found.id}: {found.state}{reason}, {found.attempts} attempt(s)")
+        if found.error:
+            print(f"error: {found.error}")
+        if found.trajectory_json:
+            print(json.dumps(json.loads(found.trajectory_json), indent=2))
+        else:
+            print("no trajectory (PARLEY_TRAJECTORY_LOGGING is off for this runtime)")
+        return
+    page = common_pb2.PageRequest(limit=limit, offset=offset)
+    reply = await client.runtime(
+        "ListTurns", runtime_pb2.ListTurnsRequest(agent_id=agent, room_id=room, page=page)
     )
-    p.set_defaults(coro=cmd_memories)
+    common.table(
+        ["RECEIVED", "ID", "STATE", "REASON"],
+        [[common.when(t.received_at), t.id, t.state, t.reason] for t in reply.turns],
+        common.next_offset(reply.page),
+    )
 
-    p = sub.add_parser("turns", help="an agent's turns, or one turn with its trajectory")
-    paged(p)
-    p.add_argument("turn", nargs="?", help="a turn id: show it with its trajectory")
-    p.add_argument("--room", help="only this room id")
-    p.set_defaults(coro=cmd_turns)
 
-    for module in COMMAND_MODULES:
-        module.register(sub)
-    return parser
+@command(app)
+async def rooms(agent: Agent = "default", limit: Limit = 50, offset: Offset = 0) -> None:
+    """An agent's rooms: where it talks, on which connector and channel."""
+    page = common_pb2.PageRequest(limit=limit, offset=offset)
+    reply = await client.runtime("ListRooms", runtime_pb2.ListRoomsRequest(agent_id=agent, page=page))
+    common.table(
+        ["ID", "SOURCE", "TYPE", "CHANNEL"],
+        [[r.id, r.source, runtime_pb2.RoomType.Name(r.type), r.channel_id] for r in reply.rooms],
+        common.next_offset(reply.page),
+    )
+
+
+@command(app)
+async def memories(
+    agent: Agent = "default",
+    room: Room = "",
+    table: str = typer.Option("messages", help="messages, facts, documents, fragments or reflections"),
+    search: str = typer.Option(
+        "", metavar="QUERY", help="search by meaning (facts unless --table says otherwise)"
+    ),
+    limit: Limit = 50,
+    offset: Offset = 0,
+) -> None:
+    """What an agent remembers, or what is nearest to a query.
+
+    Without --search: the latest memories of --table, oldest first. With --search: the nearest in
+    meaning, best first, with their similarity."""
+    if search:
+        kind = table if table != "messages" else "facts"
+        request = runtime_pb2.SearchMemoriesRequest(
+            agent_id=agent, query=search, table=kind, room_id=room, limit=min(limit, 50)
+        )
+        hits = (await client.runtime("SearchMemories", request)).hits
+        for hit in hits:
+            print(f"{hit.similarity:.3f}  {hit.memory.text}")
+        if not hits:
+            print("(none)")
+        return
+    page = common_pb2.PageRequest(limit=limit, offset=offset)
+    reply = await client.runtime(
+        "ListMemories", runtime_pb2.ListMemoriesRequest(agent_id=agent, room_id=room, table=table, page=page)
+    )
+    common.table(
+        ["CREATED", "ENTITY", "TEXT"],
+        [[common.when(m.created_at), m.entity_id[:8], m.text] for m in reversed(reply.memories)],
+        common.next_offset(reply.page),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if hasattr(args, "coro"):
-        handler: Callable[[argparse.Namespace], Coroutine[Any, Any, int]] = args.coro
-        return _run(handler(args))
-    return int(args.sync(args))
+    """Run one command line; its exit code."""
+    try:
+        app(args=argv, prog_name="parley")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    return 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The parameters a command line gives its command, without running it; SystemExit when invalid."""
+    parsed: dict[str, object] = {}
+    token = common.PARSED.set(parsed)
+    try:
+        code = main(argv)
+    finally:
+        common.PARSED.reset(token)
+    if code:
+        raise SystemExit(code)
+    return argparse.Namespace(**parsed)
 
 
 if __name__ == "__main__":

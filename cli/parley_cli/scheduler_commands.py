@@ -2,39 +2,28 @@
 
 from __future__ import annotations
 
-import argparse
-import json
+import json as jsonlib
 import re
-import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Literal
 
-from google.protobuf import json_format
+import typer
 
 from parley.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from parley_platform.errors import InvalidArgument, NotFound
 
-from . import client
+from . import client, common
+from .common import Json, Limit, Offset, command
 
-SERVICE = "scheduler"
-STATUSES = {"active": 1, "paused": 2, "running": 3, "failed": 4}
+app = common.group("tasks", "Scheduled tasks (the scheduler service).")
+call = client.caller("scheduler", scheduler_pb2_grpc.SchedulerStub)
+
+DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
+UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+TaskId = Annotated[str, typer.Argument(metavar="TASK_ID", help="the task's id")]
 OUTCOMES = {
     value: name.removeprefix("TASK_OUTCOME_").lower() for name, value in scheduler_pb2.TaskOutcome.items()
 }
-DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
-UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-
-
-@asynccontextmanager
-async def _stub() -> AsyncIterator[tuple[scheduler_pb2_grpc.SchedulerStub, client.Metadata]]:
-    async with client.service_stub(SERVICE, scheduler_pb2_grpc.SchedulerStub) as pair:
-        yield pair
-
-
-async def _call(method: Any, request: Any, metadata: client.Metadata, timeout: float = 10.0) -> Any:
-    return await client.call(method, request, metadata, timeout=timeout, service=SERVICE)
 
 
 def duration_ms(text: str, option: str) -> float:
@@ -56,18 +45,6 @@ def due_time(text: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-async def agent_id(ref: str) -> str:
-    """An agent id as given, or the id of the agent with that name (asked of the runtime)."""
-    try:
-        return str(uuid.UUID(ref))
-    except ValueError:
-        return (await client.resolve_agent(ref)).id
-
-
-def _when(stamp: Any, present: bool) -> str:
-    return stamp.ToDatetime(tzinfo=UTC).strftime("%Y-%m-%d %H:%M:%S") if present else "-"
-
-
 def _status(task: scheduler_pb2.Task) -> str:
     name = scheduler_pb2.TaskStatus.Name(task.status).removeprefix("TASK_STATUS_").lower()
     if task.status == scheduler_pb2.TASK_STATUS_PAUSED and task.pause_reason:
@@ -84,43 +61,49 @@ def _schedule(task: scheduler_pb2.Task) -> str:
     return "once"
 
 
-def _print_json(message: Any) -> None:
-    print(json_format.MessageToJson(message, indent=2, preserving_proto_field_name=True))
-
-
-async def cmd_list(args: argparse.Namespace) -> int:
+@command(app, "list")
+async def list_tasks(
+    agent: str = typer.Option("", metavar="NAME", help="only this agent's (name or id)"),
+    tag: list[str] | None = typer.Option(None, metavar="TAG", help="only tasks with this tag (repeatable)"),
+    status: Literal["active", "failed", "paused", "running"] | None = typer.Option(
+        None, help="only tasks in this state"
+    ),
+    name: str = typer.Option("", metavar="WORKER", help="only this worker name"),
+    limit: Limit = 50,
+    offset: Offset = 0,
+    json: Json = False,
+) -> None:
+    """Tasks, oldest first: status, schedule, next run."""
     request = scheduler_pb2.ListTasksRequest(
-        tags=args.tag or [],
-        name=args.name or "",
-        status=STATUSES.get(args.status or "", 0),  # type: ignore[arg-type]
-        page=common_pb2.PageRequest(limit=args.limit, offset=args.offset),
+        agent_id=await client.agent_id(agent),
+        tags=tag or [],
+        name=name,
+        status=scheduler_pb2.TaskStatus.Value(f"TASK_STATUS_{(status or 'unspecified').upper()}"),
+        page=common_pb2.PageRequest(limit=limit, offset=offset),
     )
-    if args.agent:
-        request.agent_id = await agent_id(args.agent)
-    async with _stub() as (stub, metadata):
-        reply = await _call(stub.ListTasks, request, metadata)
-    if args.json:
-        _print_json(reply)
-        return 0
-    print(f"{'ID':<36}  {'NAME':<20} {'STATUS':<22} {'SCHEDULE':<18} {'NEXT RUN':<19}  FAILURES")
-    for task in reply.tasks:
-        print(
-            f"{task.id:<36}  {task.name[:20]:<20} {_status(task):<22} {_schedule(task)[:18]:<18} "
-            f"{_when(task.next_run_at, task.HasField('next_run_at')):<19}  {task.failure_count}"
-        )
-    if reply.page.has_more:
-        print(f"(more: --offset {reply.page.next_offset})")
-    return 0
+    reply = await call("ListTasks", request)
+    if json:
+        common.print_json(reply)
+        return
+    common.table(
+        ["ID", "NAME", "STATUS", "SCHEDULE", "NEXT RUN", "FAILURES"],
+        [
+            [t.id, t.name, _status(t), _schedule(t), common.when(t.next_run_at), t.failure_count]
+            for t in reply.tasks
+        ],
+        common.next_offset(reply.page),
+    )
 
 
-async def cmd_show(args: argparse.Namespace) -> int:
-    async with _stub() as (stub, metadata):
-        reply = await _call(stub.GetTaskStatus, scheduler_pb2.GetTaskStatusRequest(id=args.id), metadata)
+@command(app)
+async def show(id: TaskId, json: Json = False) -> None:
+    """One task, with its last error and uncertain attempts."""
+    reply = await call("GetTaskStatus", scheduler_pb2.GetTaskStatusRequest(id=id))
     if not reply.HasField("task"):
-        raise NotFound(f"no task {args.id}", code="TASK_NOT_FOUND", hint="list them with `parley tasks list`")
-    if args.json:
-        _print_json(reply)
-        return 0
+        raise NotFound(f"no task {id}", code="TASK_NOT_FOUND", hint="list them with `parley tasks list`")
+    if json:
+        common.print_json(reply)
+        return
     task = reply.task
     rows = [
         ("id", task.id),
@@ -130,8 +113,8 @@ async def cmd_show(args: argparse.Namespace) -> int:
         ("tags", ", ".join(task.tags) or "-"),
         ("status", _status(task) + (", executing" if reply.executing else "")),
         ("schedule", _schedule(task)),
-        ("next run", _when(task.next_run_at, task.HasField("next_run_at"))),
-        ("last run", _when(task.last_run_at, task.HasField("last_run_at"))),
+        ("next run", common.when(task.next_run_at)),
+        ("last run", common.when(task.last_run_at)),
         ("runs", str(task.run_count)),
         ("failures", str(task.failure_count)),
         ("last error", task.last_error or "-"),
@@ -139,69 +122,85 @@ async def cmd_show(args: argparse.Namespace) -> int:
         ("orphaned", "yes (no worker)" if task.orphaned_no_worker else "no"),
     ]
     if task.metadata.HasField("values"):
-        rows.append(("values", json.dumps(json_format.MessageToDict(task.metadata.values))))
-    for attempt in reply.uncertain_attempts:
-        rows.append(("uncertain", f"attempt {attempt.attempt} by {attempt.owner}"))
+        rows.append(("values", jsonlib.dumps(common.as_dict(task.metadata.values))))
+    rows += [("uncertain", f"attempt {a.attempt} by {a.owner}") for a in reply.uncertain_attempts]
     for key, value in rows:
         print(f"{key + ':':<13}{value}")
-    return 0
 
 
-async def cmd_create(args: argparse.Namespace) -> int:
-    tags = ([] if args.no_queue else ["queue"]) + (["repeat"] if args.repeat else []) + (args.tag or [])
-    tags = list(dict.fromkeys(tags))
-    spec = scheduler_pb2.TaskSpec(
-        agent_id=await agent_id(args.agent), name=args.name, description=args.description or "", tags=tags
+@command(app)
+async def create(
+    name: str = typer.Argument(..., metavar="WORKER", help="the worker name"),
+    agent: str = typer.Option("default", metavar="NAME", help="agent name or id"),
+    description: str = typer.Option("", metavar="TEXT", help="what the task is for"),
+    tag: list[str] | None = typer.Option(None, metavar="TAG", help="an extra tag (repeatable)"),
+    repeat: bool = typer.Option(False, "--repeat", help="recurring (needs --interval or --cron)"),
+    interval: str = typer.Option("", metavar="DURATION", help="repeat every 500ms, 30s, 5m, 2h..."),
+    cron: str = typer.Option("", metavar="EXPR", help="repeat on a 5-field cron expression, UTC"),
+    due: str = typer.Option("", metavar="WHEN", help="first run: an ISO time (UTC) or +DURATION"),
+    max_failures: float | None = typer.Option(None, metavar="N", help="pause after this many; 0 never"),
+    timeout: str = typer.Option("", metavar="DURATION", help="deadline of one run, e.g. 30s"),
+    values: str = typer.Option("", metavar="JSON", help="a JSON object passed to the worker"),
+    no_queue: bool = typer.Option(False, "--no-queue", help="not polled: runs only with `parley tasks run`"),
+    json: Json = False,
+) -> None:
+    """Create a task for a worker.
+
+    It runs once (at --due, or at once), or repeats with --repeat and --interval or --cron."""
+    tags = list(
+        dict.fromkeys([*([] if no_queue else ["queue"]), *(["repeat"] if repeat else []), *(tag or [])])
     )
+    spec = scheduler_pb2.TaskSpec(name=name, description=description, tags=tags)
     meta = spec.metadata
-    if args.interval:
-        meta.update_interval_ms = duration_ms(args.interval, "--interval")
-    if args.cron:
-        meta.cron = args.cron
-    if args.max_failures is not None:
-        meta.max_failures = args.max_failures
-    if args.timeout:
-        meta.timeout_ms = duration_ms(args.timeout, "--timeout")
-    if args.due:
-        spec.due_at.FromDatetime(due_time(args.due))
-    if args.values:
+    if interval:
+        meta.update_interval_ms = duration_ms(interval, "--interval")
+    if cron:
+        meta.cron = cron
+    if max_failures is not None:
+        meta.max_failures = max_failures
+    if timeout:
+        meta.timeout_ms = duration_ms(timeout, "--timeout")
+    if due:
+        spec.due_at.FromDatetime(due_time(due))
+    if values:
         try:
-            values = json.loads(args.values)
-        except json.JSONDecodeError as exc:
+            parsed = jsonlib.loads(values)
+        except jsonlib.JSONDecodeError as exc:
             raise InvalidArgument(f"--values is not JSON: {exc.msg}") from None
-        if not isinstance(values, dict):
+        if not isinstance(parsed, dict):
             raise InvalidArgument("--values must be a JSON object")
-        meta.values.update(values)
-    async with _stub() as (stub, metadata):
-        reply = await _call(stub.CreateTask, scheduler_pb2.CreateTaskRequest(task=spec), metadata)
-    if args.json:
-        _print_json(reply.task)
+        meta.values.update(parsed)
+    spec.agent_id = await client.agent_id(agent)
+    task = (await call("CreateTask", scheduler_pb2.CreateTaskRequest(task=spec))).task
+    if json:
+        common.print_json(task)
     else:
-        print(f"created {reply.task.id}  {reply.task.name}  next run {_when(reply.task.next_run_at, True)}")
-    return 0
+        print(f"created {task.id}  {task.name}  next run {common.when(task.next_run_at)}")
 
 
-async def cmd_pause(args: argparse.Namespace) -> int:
-    async with _stub() as (stub, metadata):
-        reply = await _call(stub.PauseTask, scheduler_pb2.PauseTaskRequest(id=args.id), metadata)
-    print(f"{reply.task.id}  {_status(reply.task)}")
-    return 0
+@command(app)
+async def pause(id: TaskId) -> None:
+    """Pause a task: it does not run until resumed."""
+    task = (await call("PauseTask", scheduler_pb2.PauseTaskRequest(id=id))).task
+    print(f"{task.id}  {_status(task)}")
 
 
-async def cmd_resume(args: argparse.Namespace) -> int:
-    request = scheduler_pb2.ResumeTaskRequest(id=args.id, run_immediately=args.now)
-    async with _stub() as (stub, metadata):
-        reply = await _call(stub.ResumeTask, request, metadata)
-    print(f"{reply.task.id}  {_status(reply.task)}  next run {_when(reply.task.next_run_at, True)}")
-    return 0
+@command(app)
+async def resume(id: TaskId, now: bool = typer.Option(False, "--now", help="and run it at once")) -> None:
+    """Resume a paused or failed task."""
+    task = (await call("ResumeTask", scheduler_pb2.ResumeTaskRequest(id=id, run_immediately=now))).task
+    print(f"{task.id}  {_status(task)}  next run {common.when(task.next_run_at)}")
 
 
-async def cmd_run(args: argparse.Namespace) -> int:
-    async with _stub() as (stub, metadata):
-        reply = await _call(
-            stub.ExecuteTask, scheduler_pb2.ExecuteTaskRequest(id=args.id), metadata, timeout=args.timeout
-        )
-    run = reply.run
+@command(app)
+async def run(
+    id: TaskId,
+    timeout: float = typer.Option(300.0, metavar="SECONDS", help="how long to wait for the run"),
+) -> int:
+    """Run a task now, whatever its schedule, and wait.
+
+    Exit code 1 unless the run succeeds."""
+    run = (await call("ExecuteTask", scheduler_pb2.ExecuteTaskRequest(id=id), timeout=timeout)).run
     outcome = OUTCOMES.get(run.outcome, "unknown")
     line = f"{run.task_id}  {outcome}  attempt {run.attempt}  {run.duration_ms:.1f} ms"
     if run.deleted:
@@ -210,62 +209,8 @@ async def cmd_run(args: argparse.Namespace) -> int:
     return 0 if run.outcome == scheduler_pb2.TASK_OUTCOME_SUCCEEDED else 1
 
 
-async def cmd_delete(args: argparse.Namespace) -> int:
-    async with _stub() as (stub, metadata):
-        reply = await _call(stub.DeleteTask, scheduler_pb2.DeleteTaskRequest(id=args.id), metadata)
-    print(f"deleted {reply.task.id}  {reply.task.name}")
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    tasks = subparsers.add_parser("tasks", help="scheduled tasks (the scheduler service)")
-    sub = tasks.add_subparsers(dest="tasks_command", required=True)
-
-    p = sub.add_parser("list", help="list tasks, oldest first")
-    p.add_argument("--agent", help="only this agent (id or name)")
-    p.add_argument("--tag", action="append", help="only tasks with this tag (repeatable)")
-    p.add_argument("--status", choices=sorted(STATUSES))
-    p.add_argument("--name", help="only this worker name")
-    p.add_argument("--limit", type=int, default=50)
-    p.add_argument("--offset", type=int, default=0)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(coro=cmd_list)
-
-    p = sub.add_parser("show", help="one task: status, schedule, last error, uncertain attempts")
-    p.add_argument("id")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(coro=cmd_show)
-
-    p = sub.add_parser("create", help="create a task for a worker")
-    p.add_argument("name", help="the worker name")
-    p.add_argument("--agent", default="default", help="agent id or name (default: default)")
-    p.add_argument("--description")
-    p.add_argument("--tag", action="append", help="an extra tag (repeatable)")
-    p.add_argument("--repeat", action="store_true", help="recurring (needs --interval or --cron)")
-    p.add_argument("--interval", help="repeat interval: 500ms, 30s, 5m, 2h")
-    p.add_argument("--cron", help="repeat on a 5-field cron expression, UTC")
-    p.add_argument("--due", help="first run: an ISO time (UTC) or +DURATION")
-    p.add_argument("--max-failures", type=float, dest="max_failures", help="pause after this many; 0 never")
-    p.add_argument("--timeout", help="deadline of one run, e.g. 30s")
-    p.add_argument("--values", help="a JSON object passed to the worker")
-    p.add_argument("--no-queue", action="store_true", help="not polled: runs only with `parley tasks run`")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(coro=cmd_create)
-
-    p = sub.add_parser("pause", help="pause a task")
-    p.add_argument("id")
-    p.set_defaults(coro=cmd_pause)
-
-    p = sub.add_parser("resume", help="resume a paused or failed task")
-    p.add_argument("id")
-    p.add_argument("--now", action="store_true", help="and run it at once")
-    p.set_defaults(coro=cmd_resume)
-
-    p = sub.add_parser("run", help="run a task now, whatever its schedule, and wait for it")
-    p.add_argument("id")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the run")
-    p.set_defaults(coro=cmd_run)
-
-    p = sub.add_parser("delete", help="delete a task")
-    p.add_argument("id")
-    p.set_defaults(coro=cmd_delete)
+@command(app)
+async def delete(id: TaskId) -> None:
+    """Delete a task."""
+    task = (await call("DeleteTask", scheduler_pb2.DeleteTaskRequest(id=id))).task
+    print(f"deleted {task.id}  {task.name}")

@@ -22,7 +22,7 @@ from typing import TextIO
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from parley_platform import infra
+from parley_devinfra import infra
 
 from . import config
 

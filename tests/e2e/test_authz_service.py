@@ -27,10 +27,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from parley.v1 import authz_pb2, authz_pb2_grpc, common_pb2
+from parley_devinfra.infra import free_port
 from parley_platform import canonical
 from parley_platform.bus import Bus
 from parley_platform.errors import ParleyError
-from parley_platform.infra import free_port
 from parley_platform.rpc import RpcClient
 from parley_platform.testing import ServiceProcess, eventually
 from support import SessionEnv

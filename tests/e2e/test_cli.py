@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from parley_cli import config
-from parley_platform import infra
-from parley_platform.infra import free_port
+from parley_devinfra import infra
+from parley_devinfra.infra import free_port
 from support import ROOT, Suite
 
 PARLEY = str(Path(sys.executable).parent / "parley")

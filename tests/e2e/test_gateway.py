@@ -20,10 +20,10 @@ import yaml
 
 from parley.v1 import model_pb2, model_pb2_grpc
 from parley_clients.batcher import BatcherClient, Field
+from parley_devinfra.infra import free_port
 from parley_platform.bus import Bus
 from parley_platform.errors import InvalidArgument, ParleyError, ResourceExhausted
 from parley_platform.grpcserver import error_from_rpc_error
-from parley_platform.infra import free_port
 from parley_platform.rpc import RpcClient
 from parley_platform.testing import ServiceProcess, eventually
 from support import ROOT, SessionEnv

@@ -27,9 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from parley.v1 import common_pb2, pairing_pb2, pairing_pb2_grpc
 from parley_clients.pairing import FULL_REPLY, UNAVAILABLE_REPLY, Admission, DmPolicy, PairingGate
+from parley_devinfra.infra import free_port
 from parley_platform.bus import Bus
 from parley_platform.errors import InvalidArgument, NotFound, ParleyError
-from parley_platform.infra import free_port
 from parley_platform.rpc import STATUS, RpcClient
 from parley_platform.testing import ServiceProcess, create_database, drop_database, eventually
 from support import DEFAULT_AGENT_ID, SessionEnv, Suite

@@ -33,9 +33,9 @@ from google.protobuf.field_mask_pb2 import FieldMask
 
 from parley.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from parley_cli.main import main as cli_main
+from parley_devinfra.infra import free_port
 from parley_platform.bus import Bus
 from parley_platform.errors import InvalidArgument, NotFound
-from parley_platform.infra import free_port
 from parley_platform.postgres import Database, migrate
 from parley_platform.rpc import RpcClient
 from parley_platform.testing import ServiceProcess, create_database, drop_database, eventually

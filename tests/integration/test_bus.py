@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator
 import nats.errors
 import pytest
 
+from parley_devinfra.infra import free_port
 from parley_platform.bus import Bus, ConsumerSpec, StreamSpec
 from parley_platform.errors import ParleyError, Unavailable
-from parley_platform.infra import free_port
 from support import SessionEnv
 
 

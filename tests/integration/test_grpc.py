@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from parley.v1 import model_pb2, model_pb2_grpc
+from parley_devinfra.infra import free_port
 from parley_platform.bus import Bus
 from parley_platform.errors import (
     Conflict,
@@ -32,7 +33,6 @@ from parley_platform.errors import (
     Unavailable,
 )
 from parley_platform.grpcserver import ERROR_METADATA_KEY, GrpcServer, error_from_rpc_error, start_grpc_server
-from parley_platform.infra import free_port
 from parley_platform.rpc import RpcClient, RpcServer
 from parley_platform.service import grpc_binding, register_nats
 from parley_platform.testing import eventually

@@ -17,8 +17,8 @@ import nats
 import psycopg
 import pytest
 
-from parley_platform import infra
-from parley_platform.infra import Endpoints, InfraError
+from parley_devinfra import infra
+from parley_devinfra.infra import Endpoints, InfraError
 
 DEADLINE = 20.0
 

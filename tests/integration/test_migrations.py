@@ -18,10 +18,10 @@ import psycopg
 import pytest
 
 from parley_authz import store as authz_store
+from parley_devinfra.infra import free_port
 from parley_gateway import store as gateway_store
 from parley_pairing import store as pairing_store
 from parley_platform.errors import Conflict, FailedPrecondition, Internal, InvalidArgument, Unavailable
-from parley_platform.infra import free_port
 from parley_platform.postgres import Database, describe_schema, load_queries, migrate
 from parley_platform.testing import create_database, drop_database
 from parley_runtime import store as runtime_store

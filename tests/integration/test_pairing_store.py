@@ -20,11 +20,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from parley.v1 import pairing_pb2, pairing_pb2_grpc
+from parley_devinfra.infra import free_port
 from parley_pairing.api import PairingApi, PairingMetrics
 from parley_pairing.store import MIGRATIONS_DIR, SCHEMA, PairingStore, Q
 from parley_platform.errors import InvalidArgument, NotFound, Unavailable
 from parley_platform.grpcserver import error_from_rpc_error, start_grpc_server
-from parley_platform.infra import free_port
 from parley_platform.postgres import Database, migrate
 from parley_platform.service import grpc_binding
 from parley_platform.testing import create_database, drop_database

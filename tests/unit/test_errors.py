@@ -52,12 +52,20 @@ def test_every_service_has_a_catalog() -> None:
 
 
 def _raise_sites(package: Path) -> list[str]:
-    """Errors built from a kind class with an ad-hoc code, instead of from a catalog entry."""
+    """Errors built from a kind class instead of a catalog entry, and error types whose code is a
+    literal instead of a catalog entry's."""
     found = []
     for path in package.rglob("*.py"):
         if path.name in CATALOG_FILES:
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                named = any(isinstance(t, ast.Name) and t.id == "default_code" for t in targets)
+                if named and isinstance(node.value, ast.Constant):
+                    found.append(
+                        f"{path.relative_to(ROOT)}:{node.lineno} default_code = {node.value.value!r}"
+                    )
             call = isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
             if call and node.func.id in KIND_CLASSES:  # type: ignore[attr-defined]
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.func.id}(...)")  # type: ignore[attr-defined]

@@ -17,11 +17,11 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from parley.v1 import pairing_pb2
 from parley_cli import main as cli_main
 from parley_clients.pairing import DmPolicy, dm_policy, pairing_reply
+from parley_devinfra.infra import free_port
 from parley_pairing import domain
 from parley_pairing.api import well_formed
 from parley_platform.convert import timestamp
 from parley_platform.errors import InvalidArgument
-from parley_platform.infra import free_port
 from parley_platform.paging import Page, cut, page_bounds
 
 DOMAIN_SOURCE = Path(domain.__file__)
@@ -268,19 +268,18 @@ def test_cli_page_arguments_are_checked_before_any_call(
 
 
 def test_cli_parses_every_pairing_command() -> None:
-    parser = cli_main.build_parser()
-    args = parser.parse_args(["pairing", "approve", "discord", "abcd", "2345", "--agent", "helper"])
+    args = cli_main.parse_args(["pairing", "approve", "discord", "abcd", "2345", "--agent", "helper"])
     assert (args.channel, args.code, args.agent, args.by) == ("discord", ["abcd", "2345"], "helper", "")
-    args = parser.parse_args(["pairing", "deny", "telegram", "ABCD2345"])
+    args = cli_main.parse_args(["pairing", "deny", "telegram", "ABCD2345"])
     assert (args.channel, args.code, args.agent) == ("telegram", ["ABCD2345"], "default")
-    args = parser.parse_args(["pairing", "allow", "discord", "user-1", "--by", "ops"])
+    args = cli_main.parse_args(["pairing", "allow", "discord", "user-1", "--by", "ops"])
     assert (args.sender, args.by) == ("user-1", "ops")
-    args = parser.parse_args(["pairing", "revoke", "discord", "user-1"])
+    args = cli_main.parse_args(["pairing", "revoke", "discord", "user-1"])
     assert args.sender == "user-1"
-    args = parser.parse_args(["pairing", "list", "discord", "--json"])
+    args = cli_main.parse_args(["pairing", "list", "discord", "--json"])
     assert (args.limit, args.offset, args.json) == (None, None, True)
     with pytest.raises(SystemExit):
-        parser.parse_args(["pairing", "approve", "discord"])
+        cli_main.parse_args(["pairing", "approve", "discord"])
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from parley.v1 import authz_pb2
 
+from . import codes
 from .errors import InvalidArgument
 
 MAX_SAFE_INTEGER = 2**53 - 1
@@ -51,7 +52,7 @@ INTERACTION_UNBOUND_KEYS = frozenset({"grant_id", "lease_ids"})
 class InvalidContract(InvalidArgument):
     """A contract document or request that does not follow the rules; names the field, not the value."""
 
-    default_code = "INVALID_CONTRACT"
+    default_code = codes.INVALID_CONTRACT.code
 
 
 def _encode_string(value: str, path: str) -> str:

@@ -15,7 +15,17 @@ INVALID_PAYLOAD = define(
     "The request bytes do not decode as the method's request message.",
     hint="send the protobuf request message the method declares",
 )
-INVALID_ID = define("INVALID_ID", Kind.INVALID_ARGUMENT, "An id field is not a UUID.")
+INVALID_ID = define(
+    "INVALID_ID",
+    Kind.INVALID_ARGUMENT,
+    "An id field is missing, too long, or not in the form the API expects.",
+)
+INVALID_CONTRACT = define(
+    "INVALID_CONTRACT",
+    Kind.INVALID_ARGUMENT,
+    "A contract document or request breaks the canonical-JSON rules; the message names the field, "
+    "never the value.",
+)
 INVALID_PAGE = define(
     "INVALID_PAGE",
     Kind.INVALID_ARGUMENT,
@@ -118,6 +128,13 @@ JETSTREAM_UNAVAILABLE = define(
     hint="is the server started with -js?",
 )
 NATS_ERROR = define("NATS_ERROR", Kind.INTERNAL, "An unexpected NATS error.", hint="see the service log")
+
+# Development infrastructure (make run, the tests)
+INFRA_UNAVAILABLE = define(
+    "INFRA_UNAVAILABLE",
+    Kind.UNAVAILABLE,
+    "The embedded NATS or PostgreSQL could not be started, found or stopped.",
+)
 
 # Scheduled-task workers
 WORKER_NAME_INVALID = define(

@@ -29,12 +29,12 @@ def datetime_of(value: Timestamp) -> datetime | None:
 
 
 def uuid_of(value: str, field: str) -> uuid.UUID:
-    """A UUID field of a request; anything else is INVALID_ID naming the field."""
+    """A UUID field of a request; anything else is INVALID_ID naming the field, never the value
+    (a secret pasted into the wrong field must not come back in an error)."""
     try:
         return uuid.UUID(value)
     except (ValueError, TypeError, AttributeError):
-        shown = f", got {value[:60]!r}" if isinstance(value, str) and value else ""
-        raise codes.INVALID_ID(f"{field} must be a UUID{shown}") from None
+        raise codes.INVALID_ID(f"{field} must be a UUID") from None
 
 
 def uuid_or_none(value: str) -> uuid.UUID | None:

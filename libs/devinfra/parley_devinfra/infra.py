@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 import psycopg
 from psycopg import sql
 
+from parley_platform import codes
 from parley_platform.errors import Unavailable
 
 __all__ = [
@@ -76,7 +77,7 @@ _Record = dict[str, Any]
 
 
 class InfraError(Unavailable):
-    default_code: ClassVar[str] = "INFRA_UNAVAILABLE"
+    default_code: ClassVar[str] = codes.INFRA_UNAVAILABLE.code
 
 
 @dataclass(frozen=True)
