@@ -22,11 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class BenchEnv:
-    nats_url: str
+    nats_url: str  # the operator's: what the benchmark's own clients connect as
     database_url: str
     server_database_url: str
     namespace: str
     logs: Path
+    endpoints: infra.Endpoints
 
 
 @contextmanager
@@ -38,7 +39,14 @@ def bench_env() -> Iterator[BenchEnv]:
         name = f"parley_bench_{suffix}"
         url = create_database(endpoints.database_url, name)
         try:
-            yield BenchEnv(endpoints.nats_url, url, endpoints.database_url, f"b{suffix}", root / "logs")
+            yield BenchEnv(
+                endpoints.nats_url_for("operator"),
+                url,
+                endpoints.database_url,
+                f"b{suffix}",
+                root / "logs",
+                endpoints,
+            )
         finally:
             drop_database(endpoints.database_url, name)
 
@@ -105,8 +113,10 @@ def report(title: str, rows: list[Series], summary: dict[str, object]) -> None:
 def suite_env(env: BenchEnv) -> dict[str, str]:
     """Settings every service process of a benchmark shares: its NATS, database and namespace,
     the default character, the scripted model at zero latency, quiet logs."""
+    auth = env.endpoints.nats_auth
     return {
-        "PARLEY_NATS_URL": env.nats_url,
+        **(auth.services_env() if auth else {}),
+        "PARLEY_NATS_URL": env.endpoints.nats_url,
         "PARLEY_DATABASE_URL": env.database_url,
         "PARLEY_NAMESPACE": env.namespace,
         "PARLEY_OPERATOR_TOKEN": secrets.token_hex(16),

@@ -96,7 +96,7 @@ class Approvals:
                 text="please follow this room",
             )
             await self.bus.publish(
-                self.bus.subjects.inbound(str(AGENT_ID)),
+                self.bus.subjects.inbound(str(AGENT_ID), SOURCE),
                 inbound.SerializeToString(),
                 msg_id=f"{SOURCE}:{message_id}",
             )

@@ -139,7 +139,9 @@ class Client:
             text=f"message {i}",
         )
         await self.bus.publish(
-            self.bus.subjects.inbound(AGENT_ID), inbound.SerializeToString(), msg_id=f"bench:{message_id}"
+            self.bus.subjects.inbound(AGENT_ID, "bench"),
+            inbound.SerializeToString(),
+            msg_id=f"bench:{message_id}",
         )
         await asyncio.wait_for(future, 30)
 

@@ -1,9 +1,12 @@
 """Session fixtures: real NATS and PostgreSQL for every test, isolated per session.
 
-Servers come from PARLEY_TEST_NATS_URL / PARLEY_TEST_DATABASE_URL when set,
-else from testcontainers when a Docker engine answers, else from the embedded
-binaries of the pip packages. Each session gets its own database and its own
-NATS namespace (subjects and stream names), so runs never collide.
+NATS is an embedded server configured from parley_platform.permissions (or
+PARLEY_TEST_NATS_URL with its PARLEY_TEST_NATS_AUTH credentials); PostgreSQL comes
+from PARLEY_TEST_DATABASE_URL when set, else from testcontainers when a Docker
+engine answers, else from the embedded binaries of the pip packages. The tests'
+own clients connect as the operator; each service process as itself. Each
+session gets its own database and its own NATS namespace (subjects and stream
+names), so runs never collide.
 """
 
 from __future__ import annotations
@@ -32,11 +35,12 @@ def test_env(endpoints: infra.Endpoints) -> Iterator[SessionEnv]:
     name = f"parley_test_{suffix}"
     url = create_database(endpoints.database_url, name)
     yield SessionEnv(
-        nats_url=endpoints.nats_url,
+        nats_url=endpoints.nats_url_for("operator"),
         server_database_url=endpoints.database_url,
         database_url=url,
         namespace=f"t{suffix}",
         token=secrets.token_urlsafe(24),
+        endpoints=endpoints,
     )
     drop_database(endpoints.database_url, name)
 

@@ -12,7 +12,7 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from parley.v1 import runtime_pb2
-from parley_devinfra.infra import free_port
+from parley_devinfra.infra import Endpoints, free_port
 from parley_platform.bus import Bus
 from parley_platform.testing import ServiceProcess
 
@@ -21,15 +21,23 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class SessionEnv:
-    nats_url: str
+    nats_url: str  # with the operator's credentials: what the tests' own clients connect as
     server_database_url: str  # the server's own database, for creating others
     database_url: str  # this session's database
     namespace: str
     token: str
+    endpoints: Endpoints
+
+    def url_for(self, identity: str) -> str:
+        """The NATS URL with another identity's credentials (a service, the operator)."""
+        return self.endpoints.nats_url_for(identity)
 
     def service_env(self, **extra: str) -> dict[str, str]:
+        """A service process's environment: each service picks its own NATS password from it."""
+        assert self.endpoints.nats_auth is not None, "the test NATS server is configured by the session"
         env = {
-            "PARLEY_NATS_URL": self.nats_url,
+            **self.endpoints.nats_auth.services_env(),
+            "PARLEY_NATS_URL": self.endpoints.nats_url,
             "PARLEY_DATABASE_URL": self.database_url,
             "PARLEY_NAMESPACE": self.namespace,
             "PARLEY_OPERATOR_TOKEN": self.token,
@@ -138,7 +146,8 @@ def inbound(
 
 async def publish_inbound(bus: Bus, message: runtime_pb2.InboundMessage, msg_id: str | None = None) -> None:
     await bus.publish(
-        bus.subjects.inbound(message.agent_id),
+        # A message without a source (a poison case) still needs a subject: the runtime refuses it.
+        bus.subjects.inbound(message.agent_id, message.source or "none"),
         message.SerializeToString(),
         msg_id=msg_id or f"{message.source}:{message.message_id}",
     )

@@ -102,7 +102,15 @@ class TerminalConnector:
                 code="NATS_UNKNOWN",
                 hint="start the suite with `make run`, or set PARLEY_NATS_URL",
             )
-        bus = await Bus.connect(url, name="parley-cli", namespace=config.namespace(), connect_timeout=3)
+        user, password = config.nats_credentials()
+        bus = await Bus.connect(
+            url,
+            name="parley-cli",
+            namespace=config.namespace(),
+            connect_timeout=3,
+            user=user,
+            password=password,
+        )
         connector = cls(bus, agent_id, user or os.environ.get("USER", "you"))
         try:
             await bus.subscribe(bus.subjects.outbound(agent_id, TERMINAL_SOURCE), connector._on_reply)
@@ -127,7 +135,7 @@ class TerminalConnector:
         )
         inbound.sent_at.GetCurrentTime()
         await self.bus.publish(
-            self.bus.subjects.inbound(self.agent_id),
+            self.bus.subjects.inbound(self.agent_id, TERMINAL_SOURCE),
             inbound.SerializeToString(),
             msg_id=f"{TERMINAL_SOURCE}:{message_id}",
         )

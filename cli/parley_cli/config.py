@@ -64,10 +64,17 @@ def operator_token(create: bool = False) -> str | None:
 
 
 def nats_url() -> str | None:
+    """Where the CLI connects as the operator: PARLEY_NATS_URL (with PARLEY_NATS_USER /
+    PARLEY_NATS_PASSWORD, or the operator's credentials in the URL), else what `parley infra up`
+    recorded, with the operator's credentials it generated."""
     if os.environ.get("PARLEY_NATS_URL"):
         return os.environ["PARLEY_NATS_URL"]
     endpoints = infra.read_endpoints(state_dir())
-    return endpoints.nats_url if endpoints else None
+    return endpoints.nats_url_for("operator") if endpoints else None
+
+
+def nats_credentials() -> tuple[str | None, str | None]:
+    return os.environ.get("PARLEY_NATS_USER") or None, os.environ.get("PARLEY_NATS_PASSWORD") or None
 
 
 def namespace() -> str:

@@ -109,6 +109,9 @@ class Supervisor:
         token = config.operator_token(create=True)
         assert token is not None
         self.env = {
+            # Every service's NATS password (each picks its own): generated into the state directory
+            # for the embedded NATS; with PARLEY_NATS_URL they come from the environment.
+            **(endpoints.nats_auth.services_env() if endpoints.nats_auth else {}),
             **os.environ,
             "PARLEY_NATS_URL": endpoints.nats_url,
             "PARLEY_DATABASE_URL": endpoints.database_url,

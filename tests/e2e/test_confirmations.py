@@ -94,7 +94,7 @@ class Confirming:
         wanted = f"confirmations:{await self.prompt_id(proposal)}"
         messages = [
             runtime_pb2.InboundMessage.FromString(m.data)
-            for m in await stream_messages(self.bus, self.bus.subjects.inbound(AGENT))
+            for m in await stream_messages(self.bus, self.bus.subjects.self_inbound(AGENT))
         ]
         return [m for m in messages if m.message_id == wanted]
 
@@ -184,7 +184,8 @@ async def test_operator_approval_runs_the_action_once_and_the_conversation_conti
     assert "effect recorded" in settled.result
     assert confirming.effects(proposal) == 1
     [follow_up] = await confirming.follow_ups(proposal)
-    assert follow_up.metadata["is_autonomous"] == "true"
+    # A continuation, not an autonomous turn (issue 12): on the runtime's own subject, marked as such.
+    assert follow_up.metadata["parley_origin"] == "continuation"
     assert follow_up.text == (
         "The actions waiting for confirmation are finished:\n1. LAUNCH_ROCKET: done - effect recorded"
     )

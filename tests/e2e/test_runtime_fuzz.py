@@ -33,6 +33,7 @@ from parley_runtime.turn.inbound import SOURCE_PATTERN, decode_inbound
 from support import DEFAULT_AGENT_ID, Suite, inbound, inbound_settled, replies_to, stream_messages
 
 MAX_TEXT_BYTES = 64 * 1024  # the runtime's default PARLEY_MAX_TEXT_BYTES
+FUZZ_SOURCE = "fuzz"  # the source of the subject every payload is published on
 AGENT = AgentInfo(uuid.UUID(DEFAULT_AGENT_ID), Character(name="default"))
 AGENTS: Mapping[str, AgentInfo] = {DEFAULT_AGENT_ID: AGENT}
 TERMINAL = frozenset({"replied", "ignored", "failed", "superseded"})
@@ -290,7 +291,9 @@ def collect_payloads() -> list[Payload]:
 def expected_poison(payload: Payload) -> str | None:
     """Why ``decode_inbound`` rejects the payload, or None when it passes."""
     try:
-        decode_inbound(payload.data, payload.subject_agent, AGENTS, MAX_TEXT_BYTES)
+        decode_inbound(
+            payload.data, payload.subject_agent, AGENTS, MAX_TEXT_BYTES, subject_source=FUZZ_SOURCE
+        )
     except Poison as poison:
         return poison.reason
     return None
@@ -318,7 +321,7 @@ async def test_fuzzed_inbound_payloads_are_dead_lettered_and_the_consumer_keeps_
         sequences = []
         for i, payload in enumerate(payloads):
             ack = await bus.js.publish(
-                bus.subjects.inbound(payload.subject_agent),
+                bus.subjects.inbound(payload.subject_agent, FUZZ_SOURCE),
                 payload.data,
                 headers={"Nats-Msg-Id": f"fuzz-{tag}-{i}"},
                 timeout=10,
@@ -326,7 +329,9 @@ async def test_fuzzed_inbound_payloads_are_dead_lettered_and_the_consumer_keeps_
             sequences.append(ack.seq)
         survivor = inbound("still there?", source="fuzz", channel=f"fuzz-survivor-{tag}")
         await bus.publish(
-            bus.subjects.inbound(survivor.agent_id), survivor.SerializeToString(), msg_id=f"fuzz-{tag}-last"
+            bus.subjects.inbound(survivor.agent_id, survivor.source),
+            survivor.SerializeToString(),
+            msg_id=f"fuzz-{tag}-last",
         )
         [reply] = await eventually(lambda: replies_to(bus, survivor), timeout=60, what="the survivor's reply")
         assert reply.text == "You said: still there?"

@@ -116,7 +116,9 @@ async def publish_all(bus: Bus, load: Sequence[Sent], *, in_flight: int = 200, r
                     await asyncio.sleep(ahead)
             m = sent.message
             await bus.publish(
-                bus.subjects.inbound(m.agent_id), m.SerializeToString(), msg_id=f"{m.source}:{m.message_id}"
+                bus.subjects.inbound(m.agent_id, m.source),
+                m.SerializeToString(),
+                msg_id=f"{m.source}:{m.message_id}",
             )
 
     await asyncio.gather(*(worker() for _ in range(in_flight)))

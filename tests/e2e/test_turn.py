@@ -98,7 +98,7 @@ async def test_bad_input_goes_to_the_dead_letter_stream_and_the_consumer_keeps_g
         (DEFAULT_AGENT_ID, inbound("hi", agent_id=unknown_agent).SerializeToString(), "does not match"),
     ]
     for index, (agent, payload, _) in enumerate(bad):
-        await bus.publish(bus.subjects.inbound(agent), payload, msg_id=f"bad-{marker}-{index}")
+        await bus.publish(bus.subjects.inbound(agent, "e2e"), payload, msg_id=f"bad-{marker}-{index}")
     good = inbound("still alive?")
     await publish_inbound(bus, good)
 
@@ -115,7 +115,7 @@ async def test_bad_input_goes_to_the_dead_letter_stream_and_the_consumer_keeps_g
         assert expected in reason
     msgs = await stream_messages(bus, bus.subjects.dead(bus.subjects.stream("INBOUND")))
     subjects = {(m.headers or {}).get(DEAD_SUBJECT) for m in msgs}
-    assert bus.subjects.inbound(unknown_agent) in subjects
+    assert bus.subjects.inbound(unknown_agent, "e2e") in subjects
     await eventually(lambda: inbound_settled(bus), timeout=20, what="nothing left to redeliver")
 
 

@@ -42,6 +42,8 @@ from psycopg import sql
 from parley_platform import codes
 from parley_platform.errors import Unavailable
 
+from .natsauth import AUTH_FILE, CONFIG_FILE, NatsAuth
+
 __all__ = [
     "EmbeddedNats",
     "EmbeddedPostgres",
@@ -60,11 +62,10 @@ __all__ = [
 
 HOST = "127.0.0.1"
 STATE_FILE = "infra.json"
+AUTH_DIR = "auth"  # the NATS identities' credentials and the server configuration (natsauth.py)
 DB_USER = "parley"
 POSTGRES_OS_USER = "postgres"
-NATS_IMAGE = "nats:2.11"
 POSTGRES_IMAGE = "pgvector/pgvector:pg17"
-TEST_NATS_URL_ENV = ("PARLEY_TEST_NATS_URL", "PARLEY_NATS_URL")
 TEST_DATABASE_URL_ENV = ("PARLEY_TEST_DATABASE_URL", "PARLEY_DATABASE_URL")
 
 _STATE_VERSION = 1
@@ -82,11 +83,18 @@ class InfraError(Unavailable):
 
 @dataclass(frozen=True)
 class Endpoints:
-    nats_url: str
+    nats_url: str  # without credentials: each identity connects with its own
     database_url: str
     nats_embedded: bool
     postgres_embedded: bool
     nats_monitor_url: str | None = None
+    nats_auth: NatsAuth | None = None  # the identities' credentials, when this deployment made them
+
+    def nats_url_for(self, identity: str) -> str:
+        """The NATS URL with ``identity``'s credentials in it (the operator's tools and the tests)."""
+        if self.nats_auth is None:
+            return self.nats_url
+        return ",".join(self.nats_auth.url(u, identity) for u in self.nats_url.split(","))
 
 
 def free_port() -> int:
@@ -276,9 +284,15 @@ class EmbeddedNats:
     """A nats-server with JetStream on 127.0.0.1, detached from the calling process."""
 
     def __init__(
-        self, store_dir: Path, port: int = 0, monitor_port: int = 0, log_file: Path | None = None
+        self,
+        store_dir: Path,
+        port: int = 0,
+        monitor_port: int = 0,
+        log_file: Path | None = None,
+        config_file: Path | None = None,
     ) -> None:
         self.store_dir = store_dir.resolve()
+        self.config_file = config_file.resolve() if config_file else None
         self.port = port
         self.monitor_port = monitor_port
         self.log_file = (log_file or self.store_dir.parent / "nats.log").resolve()
@@ -326,6 +340,9 @@ class EmbeddedNats:
             "-sd",
             str(self.store_dir),
         ]
+        if self.config_file is not None:
+            # Accounts, users and their permissions, and the auth callout (natsauth.py).
+            argv += ["-c", str(self.config_file)]
         log_fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             # posix_spawn leaves no Popen object whose finalizer would warn about a still-running child.
@@ -648,7 +665,11 @@ def _record(state: _Record, name: str) -> _Record:
 
 
 def _nats_for(state_dir: Path) -> EmbeddedNats:
-    return EmbeddedNats(state_dir / "nats", log_file=state_dir / "logs" / "nats.log")
+    return EmbeddedNats(
+        state_dir / "nats",
+        log_file=state_dir / "logs" / "nats.log",
+        config_file=state_dir / AUTH_DIR / CONFIG_FILE,
+    )
 
 
 def _postgres_for(state_dir: Path) -> EmbeddedPostgres:
@@ -704,6 +725,8 @@ def up(
     state_dir = state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     with _locked(state_dir):
+        if nats_url is None:
+            NatsAuth.ensure(state_dir / AUTH_DIR)
         state = _load_state(state_dir)
         old_nats, old_pg = _record(state, "nats"), _record(state, "postgres")
         nats = _attach_nats(state_dir, old_nats) if old_nats.get("embedded") else _nats_for(state_dir)
@@ -766,17 +789,20 @@ def up(
             rollback.pop_all()
 
         _save_state(state_dir, {"nats": nats_record, "postgres": pg_record})
-        return _endpoints(nats_record, pg_record)
+        return _endpoints(state_dir, nats_record, pg_record)
 
 
-def _endpoints(nats_record: _Record, pg_record: _Record) -> Endpoints:
+def _endpoints(state_dir: Path, nats_record: _Record, pg_record: _Record) -> Endpoints:
     monitor = nats_record.get("monitor_url")
+    embedded = bool(nats_record.get("embedded"))
+    auth_file = state_dir / AUTH_DIR / AUTH_FILE
     return Endpoints(
         nats_url=str(nats_record["url"]),
         database_url=str(pg_record["url"]),
-        nats_embedded=bool(nats_record.get("embedded")),
+        nats_embedded=embedded,
         postgres_embedded=bool(pg_record.get("embedded")),
-        nats_monitor_url=str(monitor) if nats_record.get("embedded") and monitor else None,
+        nats_monitor_url=str(monitor) if embedded and monitor else None,
+        nats_auth=NatsAuth.load(auth_file) if embedded and auth_file.exists() else None,
     )
 
 
@@ -891,7 +917,7 @@ def read_endpoints(state_dir: Path) -> Endpoints | None:
     nats_record, pg_record = _record(state, "nats"), _record(state, "postgres")
     if not nats_record.get("url") or not pg_record.get("url"):
         return None
-    return _endpoints(nats_record, pg_record)
+    return _endpoints(state_dir.resolve(), nats_record, pg_record)
 
 
 def _first_env(names: tuple[str, ...]) -> str | None:
@@ -912,20 +938,10 @@ def _docker_usable() -> bool:
     if not docker_engine_available():
         return False
     try:
-        _testcontainers_module("nats")
         _testcontainers_module("postgres")
     except ImportError:
         return False
     return True
-
-
-def _nats_container(stack: ExitStack) -> tuple[str, str]:
-    container = _testcontainers_module("nats").NatsContainer(NATS_IMAGE, jetstream=True)
-    container.with_command("-js -m 8222")
-    stack.callback(container.stop)
-    container.start()
-    monitor = f"http://{container.get_container_host_ip()}:{container.get_exposed_port(8222)}"
-    return str(container.nats_uri()), monitor
 
 
 def _postgres_container(stack: ExitStack) -> str:
@@ -970,29 +986,37 @@ def _postgres_user_can_traverse(path: Path) -> bool:
 def session_infra(tmp_root: Path) -> Iterator[Endpoints]:
     """NATS and Postgres for a test session, each resolved on its own and torn down on exit.
 
-    Order: ``PARLEY_TEST_NATS_URL`` / ``PARLEY_TEST_DATABASE_URL`` (else ``PARLEY_NATS_URL`` /
-    ``PARLEY_DATABASE_URL``), then testcontainers when a Docker engine answers, then embedded binaries
-    under ``tmp_root``.
+    PostgreSQL: ``PARLEY_TEST_DATABASE_URL`` (else ``PARLEY_DATABASE_URL``), then testcontainers
+    when a Docker engine answers, then the embedded binaries under ``tmp_root``. NATS: an external
+    server only with the credentials it was configured with (``PARLEY_TEST_NATS_URL`` and
+    ``PARLEY_TEST_NATS_AUTH``, the auth.json of ``parley infra up``), else the embedded binary with a
+    configuration of its own: the tests check what each identity is allowed and refused, so they
+    need a server configured from ``parley_platform.permissions``.
     """
     tmp_root = tmp_root.resolve()
     tmp_root.mkdir(parents=True, exist_ok=True)
-    nats_url = _first_env(TEST_NATS_URL_ENV)
+    nats_url = _first_env(("PARLEY_TEST_NATS_URL",))
+    auth_file = _first_env(("PARLEY_TEST_NATS_AUTH",))
     database_url = _first_env(TEST_DATABASE_URL_ENV)
-    use_docker = (nats_url is None or database_url is None) and _docker_usable()
     with ExitStack() as stack:
         monitor_url: str | None = None
         nats: EmbeddedNats | None = None
+        auth: NatsAuth
         nats_embedded = postgres_embedded = False
-        if nats_url is None:
-            if use_docker:
-                nats_url, monitor_url = _nats_container(stack)
-            else:
-                nats = EmbeddedNats(tmp_root / "nats", log_file=tmp_root / "logs" / "nats.log")
-                stack.callback(nats.stop)
-                nats.launch()
-                nats_url, monitor_url, nats_embedded = nats.url, nats.monitor_url, True
+        if nats_url is not None and auth_file is not None:
+            auth = NatsAuth.load(Path(auth_file))
+        else:
+            auth = NatsAuth.ensure(tmp_root / AUTH_DIR)
+            nats = EmbeddedNats(
+                tmp_root / "nats",
+                log_file=tmp_root / "logs" / "nats.log",
+                config_file=tmp_root / AUTH_DIR / CONFIG_FILE,
+            )
+            stack.callback(nats.stop)
+            nats.launch()
+            nats_url, monitor_url, nats_embedded = nats.url, nats.monitor_url, True
         if database_url is None:
-            if use_docker:
+            if _docker_usable():
                 database_url = _postgres_container(stack)
             else:
                 pg_root = _postgres_root(tmp_root, stack)
@@ -1007,4 +1031,5 @@ def session_infra(tmp_root: Path) -> Iterator[Endpoints]:
             nats_embedded=nats_embedded,
             postgres_embedded=postgres_embedded,
             nats_monitor_url=monitor_url,
+            nats_auth=auth,
         )

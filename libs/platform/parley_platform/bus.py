@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import ssl
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import nats
 import nats.errors
@@ -30,10 +35,12 @@ from nats.js.api import (
 from . import codes
 from .errors import ParleyError
 from .logging import get_logger
+from .permissions import inbox_prefix
 
 log = get_logger(__name__)
 
 MSG_ID = "Nats-Msg-Id"
+_PERMISSION_VIOLATION = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
 
 
 class Subjects:
@@ -49,8 +56,15 @@ class Subjects:
     def stream(self, name: str) -> str:
         return f"{self.ns.upper()}_{name}"
 
-    def inbound(self, agent_id: str) -> str:
-        return f"{self.ns}.inbound.{agent_id}"
+    def inbound(self, agent_id: str, source: str) -> str:
+        """Where a connector publishes its agent's messages; the source is in the subject, so the
+        server enforces that a connector publishes only for its own."""
+        return f"{self.ns}.inbound.{agent_id}.{source}"
+
+    def self_inbound(self, agent_id: str) -> str:
+        """Messages the runtime gives itself (a continuation, an autonomous thought): only the
+        runtime may publish here, so nothing a connector sends can start such a turn."""
+        return f"{self.ns}.self.{agent_id}"
 
     def outbound(self, agent_id: str, source: str) -> str:
         return f"{self.ns}.outbound.{agent_id}.{source}"
@@ -102,7 +116,7 @@ class ConsumerSpec:
 
     stream: str
     durable: str
-    filter_subject: str
+    filter_subject: str  # "": the whole stream
     ack_wait_seconds: float = 30
     max_deliver: int = 5
     max_ack_pending: int = 1000
@@ -115,7 +129,7 @@ class ConsumerSpec:
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=self.ack_wait_seconds,
             max_deliver=self.max_deliver,
-            filter_subject=self.filter_subject,
+            filter_subject=self.filter_subject or None,
             max_ack_pending=self.max_ack_pending,
             **self.extra,
         )
@@ -127,7 +141,7 @@ def standard_streams(subjects: Subjects, *, replicas: int = 1) -> list[StreamSpe
     return [
         StreamSpec(
             subjects.stream("INBOUND"),
-            [subjects.all("inbound")],
+            [subjects.all("inbound"), subjects.all("self")],
             max_age_seconds=7 * day,
             duplicate_window_seconds=600,
             replicas=replicas,
@@ -184,17 +198,39 @@ def _differences(live: Any, wanted: Any, names: tuple[str, ...]) -> list[str]:
 class Bus:
     """A connected NATS client with its JetStream context."""
 
-    def __init__(self, nc: Client, subjects: Subjects) -> None:
+    def __init__(self, nc: Client, subjects: Subjects, denied: dict[str, float] | None = None) -> None:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
         self.subjects = subjects
         self._mark_closing: Callable[[], None] = lambda: None
+        # Subjects the server refused this identity to publish to, and when (its -ERR arrives on
+        # its own, not as the answer to the publish or request that caused it).
+        self._denied = denied if denied is not None else {}
+
+    def denied(self, subject: str, within: float = 60.0) -> bool:
+        """Whether the server refused publishing to ``subject`` in the last ``within`` seconds."""
+        at = self._denied.get(subject.lower())
+        return at is not None and time.monotonic() - at <= within
 
     @classmethod
     async def connect(
-        cls, url: str, *, name: str, namespace: str = "parley", connect_timeout: float = 5.0
+        cls,
+        url: str,
+        *,
+        name: str,
+        namespace: str = "parley",
+        connect_timeout: float = 5.0,
+        user: str | None = None,
+        password: str | None = None,
+        tls: ssl.SSLContext | None = None,
+        inbox: str | None = None,
     ) -> Bus:
+        """Connect as ``user`` (or the user in the URL); ``url`` may list several servers,
+        comma-separated. Replies come to the identity's own inbox prefix (``inbox`` overrides it),
+        which is the only one its permissions let it read."""
         closing = False
+        servers = [u.strip() for u in url.split(",") if u.strip()]
+        identity = user or _url_user(servers[0])
 
         async def on_disconnect() -> None:
             if not closing:
@@ -207,7 +243,12 @@ class Bus:
             if not closing:
                 log.info("nats connection closed", service=name)
 
+        denied: dict[str, float] = {}
+
         async def on_error(exc: Exception) -> None:
+            refused = _PERMISSION_VIOLATION.search(str(exc))
+            if refused:
+                denied[refused.group(1).lower()] = time.monotonic()
             log.warning("nats error", service=name, error=str(exc))
 
         options: dict[str, Any] = {
@@ -221,12 +262,18 @@ class Bus:
             "closed_cb": on_closed,
             "error_cb": on_error,
         }
+        if user is not None:
+            options.update(user=user, password=password or "")
+        if inbox is not None or identity:
+            options["inbox_prefix"] = inbox or inbox_prefix(identity or "")
+        if tls is not None:
+            options["tls"] = tls
         nc = Client()
         try:
             # With unlimited reconnects nats-py retries the *first* connection forever too;
             # bound it here so an unreachable server fails fast instead of hanging startup.
             async with asyncio.timeout(connect_timeout):
-                await nc.connect(url, **options)
+                await nc.connect(servers, **options)
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             closing = True
             cause = nc.last_error or exc
@@ -236,7 +283,7 @@ class Bus:
                 f"cannot connect to NATS at {_redact_url(url)}: {type(cause).__name__}"
             ) from exc
         log.debug("nats connected", service=name)
-        bus = cls(nc, Subjects(namespace))
+        bus = cls(nc, Subjects(namespace), denied)
 
         def mark_closing() -> None:
             nonlocal closing
@@ -337,10 +384,29 @@ class Bus:
 
 
 def _redact_url(url: str) -> str:
+    return ",".join(_redact_one(u) for u in url.split(","))
+
+
+def _redact_one(url: str) -> str:
     if "@" in url:
         scheme, _, rest = url.partition("://")
         return f"{scheme}://***@{rest.split('@', 1)[1]}"
     return url
+
+
+def _url_user(url: str) -> str | None:
+    user = urlsplit(url).username
+    return unquote(user) if user else None
+
+
+def tls_context(ca: Path | None, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext | None:
+    """A client TLS context trusting ``ca`` (and presenting ``cert``/``key`` when given), or None."""
+    if ca is None and cert is None:
+        return None
+    context = ssl.create_default_context(cafile=str(ca) if ca else None)
+    if cert is not None:
+        context.load_cert_chain(str(cert), str(key) if key else None)
+    return context
 
 
 def _translate(exc: BaseException, what: str) -> ParleyError:

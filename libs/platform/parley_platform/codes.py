@@ -120,6 +120,11 @@ NO_RESPONDERS = define(
     "No replica of the called service is listening on NATS.",
     hint="is the service that serves this subject running?",
 )
+NATS_PERMISSION_DENIED = define(
+    "NATS_PERMISSION_DENIED",
+    Kind.PERMISSION_DENIED,
+    "The NATS server refused this identity the subject (parley_platform.permissions says who may).",
+)
 NATS_TIMEOUT = define("NATS_TIMEOUT", Kind.DEADLINE_EXCEEDED, "A NATS request got no reply in time.")
 JETSTREAM_UNAVAILABLE = define(
     "JETSTREAM_UNAVAILABLE",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from functools import partial
@@ -29,7 +30,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from prometheus_client import CollectorRegistry
 
 from . import codes
-from .bus import Bus
+from .bus import Bus, tls_context
 from .errors import ParleyError
 from .grpcserver import GrpcServer, start_grpc_server
 from .lifecycle import run_app, shutdown_in_order
@@ -56,6 +57,7 @@ class Component(Protocol):
 @dataclass(frozen=True)
 class ServiceSpec:
     name: str  # logs, metrics, the NATS connection and the database pool are named after it
+    identity: str  # its NATS user, whose permissions are in parley_platform.permissions
     grpc_port: str  # the settings field of its gRPC port, e.g. "authz_grpc_port"
     metrics_port: str  # the settings field of its metrics port
     schema: str | None = None  # its PostgreSQL schema, migrated at start
@@ -176,7 +178,15 @@ class ServiceHost(Generic[S]):
                 s.database_url, name=spec.name, min_size=s.db_pool_min, max_size=s.db_pool_max
             )
             await self._db.open()
-        self._bus = await Bus.connect(s.nats_url, name=spec.name, namespace=s.namespace)
+        user, password = nats_credentials(s, spec.identity)
+        self._bus = await Bus.connect(
+            s.nats_url,
+            name=spec.name,
+            namespace=s.namespace,
+            user=user,
+            password=password,
+            tls=tls_context(s.nats_tls_ca, s.nats_tls_cert, s.nats_tls_key),
+        )
         if spec.standard_streams:
             await self._bus.ensure_standard_streams()
         await self.setup(self)
@@ -234,6 +244,16 @@ class ServiceHost(Generic[S]):
         await shutdown_in_order(steps, timeout=timeout + 10)
         if self._metrics is not None:
             self._metrics.stop()
+
+
+def nats_credentials(settings: Settings, identity: str) -> tuple[str, str | None]:
+    """The NATS user and password of a service: PARLEY_NATS_USER / PARLEY_NATS_PASSWORD, else its
+    identity's own variable, PARLEY_<IDENTITY>_NATS_PASSWORD (so one environment can hold every
+    service's password, as ``make run`` and the tests give it)."""
+    if settings.nats_password is not None:
+        return settings.nats_user or identity, settings.nats_password.get_secret_value()
+    user = settings.nats_user or identity
+    return user, os.environ.get(f"PARLEY_{user.upper()}_NATS_PASSWORD")
 
 
 def run_service(spec: ServiceSpec, settings: S, setup: Callable[[ServiceHost[S]], Awaitable[None]]) -> int:

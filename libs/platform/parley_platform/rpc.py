@@ -154,6 +154,10 @@ class RpcClient:
                 subject, request.SerializeToString(), timeout=timeout, headers=headers
             )
         except (TimeoutError, nats.errors.Error) as exc:
+            if self.bus.denied(subject):
+                raise codes.NATS_PERMISSION_DENIED(
+                    f"{service}.{method}: the NATS server does not let this identity call it"
+                ) from exc
             raise translate_nats_error(exc, f"{service}.{method}") from exc
         status = (reply.headers or {}).get(STATUS)
         try:

@@ -21,6 +21,19 @@ from .grpcserver import Method, ServiceBinding
 from .rpc import RpcServer
 
 
+class Combined:
+    """One protobuf service implemented by several objects, each owning some of its methods."""
+
+    def __init__(self, *parts: object) -> None:
+        self._parts = parts
+
+    def __getattr__(self, name: str) -> Any:
+        for part in self._parts:
+            if hasattr(part, name):
+                return getattr(part, name)
+        raise AttributeError(name)
+
+
 def descriptor(pb2: ModuleType, service: str) -> ServiceDescriptor:
     return pb2.DESCRIPTOR.services_by_name[service]  # type: ignore[no-any-return]
 

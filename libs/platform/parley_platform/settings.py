@@ -21,12 +21,24 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PARLEY_", extra="ignore")
 
     environment: Environment = Environment.DEVELOPMENT
+    # One URL, or several separated by commas (the servers of a cluster).
     nats_url: str = "nats://127.0.0.1:4222"
+    # This process's NATS identity (see parley_platform.permissions); nothing connects anonymously.
+    nats_user: str | None = None
+    nats_password: SecretStr | None = None
+    # TLS to NATS: the CA that signed the server's certificate, and a client certificate and key
+    # when the server asks for one (tls:// URLs, or any URL once a CA is set).
+    nats_tls_ca: Path | None = None
+    nats_tls_cert: Path | None = None
+    nats_tls_key: Path | None = None
     database_url: str = "postgresql://parley@127.0.0.1:5432/parley"
     # Prefix of every subject and stream name. Test sessions use their own so
     # runs sharing one NATS server never collide.
     namespace: str = Field(default="parley", pattern=r"^[a-z][a-z0-9_]{0,31}$")
     operator_token: SecretStr | None = None
+    # TLS for the gRPC server (both files, or neither: plaintext on the bound address).
+    grpc_tls_cert: Path | None = None
+    grpc_tls_key: Path | None = None
     log_level: str = "INFO"
     log_format: str = Field(default="text", pattern=r"^(text|json)$")
     metrics_host: str = "127.0.0.1"

@@ -14,6 +14,7 @@ EXPIRE_BATCH = 100
 
 SPEC = ServiceSpec(
     "authz",
+    identity="authz",
     grpc_port="authz_grpc_port",
     metrics_port="authz_metrics_port",
     schema=SCHEMA,

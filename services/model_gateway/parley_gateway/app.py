@@ -26,6 +26,7 @@ from .store import MIGRATIONS_DIR, SCHEMA, GatewayStore
 
 SPEC = ServiceSpec(
     "model-gateway",
+    identity="model",
     grpc_port="gateway_grpc_port",
     metrics_port="gateway_metrics_port",
     schema=SCHEMA,

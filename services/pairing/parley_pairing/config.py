@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from parley_platform.settings import Settings
 
@@ -17,3 +17,8 @@ class PairingSettings(Settings):
     # the parley_pairing_pending gauge.
     pairing_sweep_interval_seconds: float = Field(default=15.0, gt=0, le=3600)
     pairing_sweep_batch: int = Field(default=1000, ge=1, le=100_000)
+    # Connectors' admission to NATS (auth callout): the seed of the issuer key the NATS server
+    # trusts (auth_callout.issuer), and the password of NATS' system user, through which revoked
+    # connectors' connections are closed. Without the seed, no connector can connect.
+    pairing_callout_seed: SecretStr | None = None
+    pairing_system_password: SecretStr | None = None

@@ -63,3 +63,31 @@ ALLOWLIST_CONTENDED = define(
     "Concurrent additions of the same sender kept racing this one.",
     retryable=True,
 )
+
+# Connectors
+INVALID_CONNECTOR_NAME = define(
+    "INVALID_CONNECTOR_NAME",
+    Kind.INVALID_ARGUMENT,
+    "A connector name is 1 to 63 lower-case letters, digits, '_' or '-' starting with a letter, and not"
+    " the name of a service identity.",
+)
+INVALID_SOURCE = define(
+    "INVALID_SOURCE",
+    Kind.INVALID_ARGUMENT,
+    "A connector's source is not 1 to 64 letters, digits, '_' or '-'.",
+)
+INVALID_CONNECTOR_KIND = define(
+    "INVALID_CONNECTOR_KIND", Kind.INVALID_ARGUMENT, "A connector's kind is neither nats nor web."
+)
+CONNECTOR_EXISTS = define(
+    "CONNECTOR_EXISTS",
+    Kind.CONFLICT,
+    "A connector of this name exists (or existed: a revoked name is not reused).",
+    hint="choose another name; list them with `parley connectors list`",
+)
+CONNECTOR_NOT_FOUND = define(
+    "CONNECTOR_NOT_FOUND",
+    Kind.NOT_FOUND,
+    "No connector of this name, or it is revoked already.",
+    hint="list them with `parley connectors list --all`",
+)

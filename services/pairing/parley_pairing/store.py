@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from parley_platform.paging import Page
 from parley_platform.postgres import Database, Row, load_queries
 
 from . import errors
+from .connectors import Connector
 from .domain import AllowEntry, PendingRequest, Upserted, UpsertOutcome, new_code
 
 SQL_DIR = Path(__file__).parent / "sql"
@@ -198,3 +200,92 @@ class PairingStore:
     async def pending_counts(self) -> dict[str, int]:
         rows = await self.db.fetchall(Q["pending_counts"], {"ttl": self.ttl_seconds}, what="count pending")
         return {row["channel"]: row["pending"] for row in rows}
+
+
+def _connector(row: Row) -> Connector:
+    return Connector(
+        name=row["name"],
+        namespace=row["namespace"],
+        agent_id=row["agent_id"],
+        source=row["source"],
+        kind=row["kind"],
+        created_at=row["created_at"],
+        revoked_at=row["revoked_at"],
+    )
+
+
+@dataclass(frozen=True)
+class Session:
+    """A NATS connection a connector was admitted with."""
+
+    server_id: str
+    client_id: int
+
+
+class ConnectorStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def add(
+        self,
+        *,
+        name: str,
+        namespace: str,
+        agent_id: uuid.UUID,
+        source: str,
+        kind: str,
+        secret: bytes,
+        api_key: bytes | None,
+    ) -> Connector | None:
+        """The new connector, or None when the name is taken."""
+        row = await self.db.fetchone(
+            Q["add_connector"],
+            {
+                "name": name,
+                "namespace": namespace,
+                "agent_id": agent_id,
+                "source": source,
+                "kind": kind,
+                "secret_digest": secret,
+                "api_key_digest": api_key,
+            },
+            what="add connector",
+        )
+        return None if row is None else _connector(row)
+
+    async def find(self, agent_id: uuid.UUID | None, include_revoked: bool) -> list[Connector]:
+        rows = await self.db.fetchall(
+            Q["list_connectors"],
+            {"agent_id": agent_id, "include_revoked": include_revoked},
+            what="list connectors",
+        )
+        return [_connector(r) for r in rows]
+
+    async def admit(self, name: str, secret: bytes, session: Session) -> Connector | None:
+        """The connector presenting ``secret``, not revoked, with ``session`` recorded; else None."""
+        row = await self.db.fetchone(
+            Q["admit_connector"],
+            {
+                "name": name,
+                "secret_digest": secret,
+                "server_id": session.server_id,
+                "client_id": session.client_id,
+            },
+            what="admit connector",
+        )
+        return None if row is None else _connector(row)
+
+    async def revoke(self, name: str) -> tuple[Connector, list[Session]] | None:
+        """Revoke once: the connector and its recorded connections, or None (unknown or revoked)."""
+        row = await self.db.fetchone(Q["revoke_connector"], {"name": name}, what="revoke connector")
+        if row is None:
+            return None
+        sessions = []
+        for entry in row["sessions"]:
+            server_id, _, client_id = entry.rpartition(" ")
+            sessions.append(Session(server_id, int(client_id)))
+        return _connector(row), sessions
+
+    async def by_api_key(self, api_key: bytes) -> Connector | None:
+        row = await self.db.fetchone(Q["connector_by_api_key"], {"api_key_digest": api_key}, what="api key")
+        return None if row is None else _connector(row)

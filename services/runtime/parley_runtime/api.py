@@ -167,7 +167,7 @@ class RuntimeApi:
         queue = self.waiters.open(str(agent.id), message_id)
         try:
             await self.bus.publish(
-                self.bus.subjects.inbound(str(agent.id)),
+                self.bus.subjects.inbound(str(agent.id), API_SOURCE),
                 inbound.SerializeToString(),
                 msg_id=f"{API_SOURCE}:{message_id}",
             )

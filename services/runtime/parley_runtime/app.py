@@ -45,6 +45,7 @@ log = get_logger(__name__)
 
 SPEC = ServiceSpec(
     "runtime",
+    identity="runtime",
     grpc_port="runtime_grpc_port",
     metrics_port="runtime_metrics_port",
     schema=SCHEMA,
@@ -158,7 +159,7 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
             ConsumerSpec(
                 stream=subjects.stream("INBOUND"),
                 durable="runtime",
-                filter_subject=subjects.all("inbound"),
+                filter_subject="",  # connectors' messages and the runtime's own (self)
                 ack_wait_seconds=s.ack_wait_seconds,
                 max_deliver=s.max_deliver,
             ),
@@ -183,7 +184,7 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
                     ack_wait_seconds=s.ack_wait_seconds,
                     max_deliver=s.max_deliver,
                 ),
-                registry.before_turns(confirmations.on_event, agent_token=-2),
+                registry.before_turns(confirmations.on_event),
                 concurrency=16,
                 metrics=host.messaging,
             ),

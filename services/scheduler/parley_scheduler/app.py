@@ -13,6 +13,7 @@ from .store import MIGRATIONS_DIR, SCHEMA, SchedulerStore
 
 SPEC = ServiceSpec(
     "scheduler",
+    identity="scheduler",
     grpc_port="scheduler_grpc_port",
     metrics_port="scheduler_metrics_port",
     schema=SCHEMA,

@@ -55,3 +55,18 @@ class PairingClient(NatsClient):
         self, request: pairing_pb2.GetAllowlistPageRequest, *, timeout: float | None = None
     ) -> pairing_pb2.GetAllowlistPageResponse:
         return await self._call("GetAllowlistPage", request, pairing_pb2.GetAllowlistPageResponse, timeout)
+
+    async def AddConnector(
+        self, request: pairing_pb2.AddConnectorRequest, *, timeout: float | None = None
+    ) -> pairing_pb2.AddConnectorResponse:
+        return await self._call("AddConnector", request, pairing_pb2.AddConnectorResponse, timeout)
+
+    async def ListConnectors(
+        self, request: pairing_pb2.ListConnectorsRequest, *, timeout: float | None = None
+    ) -> pairing_pb2.ListConnectorsResponse:
+        return await self._call("ListConnectors", request, pairing_pb2.ListConnectorsResponse, timeout)
+
+    async def RevokeConnector(
+        self, request: pairing_pb2.RevokeConnectorRequest, *, timeout: float | None = None
+    ) -> pairing_pb2.RevokeConnectorResponse:
+        return await self._call("RevokeConnector", request, pairing_pb2.RevokeConnectorResponse, timeout)

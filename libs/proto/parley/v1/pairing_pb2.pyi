@@ -727,3 +727,196 @@ class GetAllowlistPageResponse(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__next_offset) -> _WhichOneofReturnType__next_offset | None: ...
 
 Global___GetAllowlistPageResponse: _TypeAlias = GetAllowlistPageResponse  # noqa: Y015
+
+@_typing.final
+class Connector(_message.Message):
+    """A connector: an identity that may publish one agent's inbound messages for one source and read
+    that source's replies (parley_platform.permissions.connector). The pairing service admits it to
+    NATS (auth callout) while it is not revoked.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    REVOKED_AT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """its NATS user name; lower-case letters, digits, '_' and '-'"""
+    agent_id: _builtins.str
+    source: _builtins.str
+    kind: _builtins.str
+    """nats (a process on the bus) or web (also an API key for the web connector)"""
+    namespace: _builtins.str
+    """the deployment's subject namespace"""
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def revoked_at(self) -> _timestamp_pb2.Timestamp:
+        """unset while it may connect"""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        agent_id: _builtins.str = ...,
+        source: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        revoked_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "revoked_at", b"revoked_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "created_at", b"created_at", "kind", b"kind", "name", b"name", "namespace", b"namespace", "revoked_at", b"revoked_at", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Connector: _TypeAlias = Connector  # noqa: Y015
+
+@_typing.final
+class AddConnectorRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    agent_id: _builtins.str
+    """an agent id (the runtime resolves names; the CLI does it for you)"""
+    source: _builtins.str
+    kind: _builtins.str
+    """nats (default) or web"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        agent_id: _builtins.str = ...,
+        source: _builtins.str = ...,
+        kind: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "kind", b"kind", "name", b"name", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddConnectorRequest: _TypeAlias = AddConnectorRequest  # noqa: Y015
+
+@_typing.final
+class AddConnectorResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONNECTOR_FIELD_NUMBER: _builtins.int
+    PASSWORD_FIELD_NUMBER: _builtins.int
+    API_KEY_FIELD_NUMBER: _builtins.int
+    password: _builtins.str
+    """shown once: only its digest is stored"""
+    api_key: _builtins.str
+    """kind web: the key its HTTP clients present, shown once"""
+    @_builtins.property
+    def connector(self) -> Global___Connector: ...
+    def __init__(
+        self,
+        *,
+        connector: Global___Connector | None = ...,
+        password: _builtins.str = ...,
+        api_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["connector", b"connector"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "connector", b"connector", "password", b"password"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddConnectorResponse: _TypeAlias = AddConnectorResponse  # noqa: Y015
+
+@_typing.final
+class ListConnectorsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    INCLUDE_REVOKED_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    """optional filter"""
+    include_revoked: _builtins.bool
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        include_revoked: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "include_revoked", b"include_revoked"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListConnectorsRequest: _TypeAlias = ListConnectorsRequest  # noqa: Y015
+
+@_typing.final
+class ListConnectorsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONNECTORS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def connectors(self) -> _containers.RepeatedCompositeFieldContainer[Global___Connector]: ...
+    def __init__(
+        self,
+        *,
+        connectors: _abc.Iterable[Global___Connector] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connectors", b"connectors"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListConnectorsResponse: _TypeAlias = ListConnectorsResponse  # noqa: Y015
+
+@_typing.final
+class RevokeConnectorRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeConnectorRequest: _TypeAlias = RevokeConnectorRequest  # noqa: Y015
+
+@_typing.final
+class RevokeConnectorResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONNECTOR_FIELD_NUMBER: _builtins.int
+    CONNECTIONS_CLOSED_FIELD_NUMBER: _builtins.int
+    connections_closed: _builtins.int
+    """its NATS connections the servers closed"""
+    @_builtins.property
+    def connector(self) -> Global___Connector: ...
+    def __init__(
+        self,
+        *,
+        connector: Global___Connector | None = ...,
+        connections_closed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["connector", b"connector"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connections_closed", b"connections_closed", "connector", b"connector"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeConnectorResponse: _TypeAlias = RevokeConnectorResponse  # noqa: Y015

@@ -27,7 +27,8 @@ if _version_not_supported:
 
 class PairingStub:
     """Served over gRPC for operators and over NATS request/reply on
-    <ns>.pairing.<Method> (queue group `pairing`) for services.
+    <ns>.pairing.<Method> (queue group `pairing`) for services. AddConnector, ListConnectors and
+    RevokeConnector are operators' calls: no service identity may publish to them.
     """
 
     def __init__(self, channel):
@@ -81,11 +82,27 @@ class PairingStub:
                 request_serializer=parley_dot_v1_dot_pairing__pb2.GetAllowlistPageRequest.SerializeToString,
                 response_deserializer=parley_dot_v1_dot_pairing__pb2.GetAllowlistPageResponse.FromString,
                 _registered_method=True)
+        self.AddConnector = channel.unary_unary(
+                '/parley.v1.Pairing/AddConnector',
+                request_serializer=parley_dot_v1_dot_pairing__pb2.AddConnectorRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_pairing__pb2.AddConnectorResponse.FromString,
+                _registered_method=True)
+        self.ListConnectors = channel.unary_unary(
+                '/parley.v1.Pairing/ListConnectors',
+                request_serializer=parley_dot_v1_dot_pairing__pb2.ListConnectorsRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_pairing__pb2.ListConnectorsResponse.FromString,
+                _registered_method=True)
+        self.RevokeConnector = channel.unary_unary(
+                '/parley.v1.Pairing/RevokeConnector',
+                request_serializer=parley_dot_v1_dot_pairing__pb2.RevokeConnectorRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_pairing__pb2.RevokeConnectorResponse.FromString,
+                _registered_method=True)
 
 
 class PairingServicer:
     """Served over gRPC for operators and over NATS request/reply on
-    <ns>.pairing.<Method> (queue group `pairing`) for services.
+    <ns>.pairing.<Method> (queue group `pairing`) for services. AddConnector, ListConnectors and
+    RevokeConnector are operators' calls: no service identity may publish to them.
     """
 
     def UpsertRequest(self, request, context):
@@ -142,6 +159,24 @@ class PairingServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddConnector(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListConnectors(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeConnector(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PairingServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -190,6 +225,21 @@ def add_PairingServicer_to_server(servicer, server):
                     request_deserializer=parley_dot_v1_dot_pairing__pb2.GetAllowlistPageRequest.FromString,
                     response_serializer=parley_dot_v1_dot_pairing__pb2.GetAllowlistPageResponse.SerializeToString,
             ),
+            'AddConnector': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddConnector,
+                    request_deserializer=parley_dot_v1_dot_pairing__pb2.AddConnectorRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_pairing__pb2.AddConnectorResponse.SerializeToString,
+            ),
+            'ListConnectors': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListConnectors,
+                    request_deserializer=parley_dot_v1_dot_pairing__pb2.ListConnectorsRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_pairing__pb2.ListConnectorsResponse.SerializeToString,
+            ),
+            'RevokeConnector': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeConnector,
+                    request_deserializer=parley_dot_v1_dot_pairing__pb2.RevokeConnectorRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_pairing__pb2.RevokeConnectorResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'parley.v1.Pairing', rpc_method_handlers)
@@ -200,7 +250,8 @@ def add_PairingServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Pairing:
     """Served over gRPC for operators and over NATS request/reply on
-    <ns>.pairing.<Method> (queue group `pairing`) for services.
+    <ns>.pairing.<Method> (queue group `pairing`) for services. AddConnector, ListConnectors and
+    RevokeConnector are operators' calls: no service identity may publish to them.
     """
 
     @staticmethod
@@ -436,6 +487,87 @@ class Pairing:
             '/parley.v1.Pairing/GetAllowlistPage',
             parley_dot_v1_dot_pairing__pb2.GetAllowlistPageRequest.SerializeToString,
             parley_dot_v1_dot_pairing__pb2.GetAllowlistPageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddConnector(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.Pairing/AddConnector',
+            parley_dot_v1_dot_pairing__pb2.AddConnectorRequest.SerializeToString,
+            parley_dot_v1_dot_pairing__pb2.AddConnectorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListConnectors(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.Pairing/ListConnectors',
+            parley_dot_v1_dot_pairing__pb2.ListConnectorsRequest.SerializeToString,
+            parley_dot_v1_dot_pairing__pb2.ListConnectorsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeConnector(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.Pairing/RevokeConnector',
+            parley_dot_v1_dot_pairing__pb2.RevokeConnectorRequest.SerializeToString,
+            parley_dot_v1_dot_pairing__pb2.RevokeConnectorResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -28,7 +28,8 @@ GRPC_VERSION: str
 
 class PairingStub:
     """Served over gRPC for operators and over NATS request/reply on
-    <ns>.pairing.<Method> (queue group `pairing`) for services.
+    <ns>.pairing.<Method> (queue group `pairing`) for services. AddConnector, ListConnectors and
+    RevokeConnector are operators' calls: no service identity may publish to them.
     """
 
     @_typing.overload
@@ -44,11 +45,15 @@ class PairingStub:
     ClaimPairingReply: _grpc.UnaryUnaryMultiCallable[_pairing_pb2.ClaimPairingReplyRequest, _pairing_pb2.ClaimPairingReplyResponse]
     ListPendingRequestsPage: _grpc.UnaryUnaryMultiCallable[_pairing_pb2.ListPendingRequestsPageRequest, _pairing_pb2.ListPendingRequestsPageResponse]
     GetAllowlistPage: _grpc.UnaryUnaryMultiCallable[_pairing_pb2.GetAllowlistPageRequest, _pairing_pb2.GetAllowlistPageResponse]
+    AddConnector: _grpc.UnaryUnaryMultiCallable[_pairing_pb2.AddConnectorRequest, _pairing_pb2.AddConnectorResponse]
+    ListConnectors: _grpc.UnaryUnaryMultiCallable[_pairing_pb2.ListConnectorsRequest, _pairing_pb2.ListConnectorsResponse]
+    RevokeConnector: _grpc.UnaryUnaryMultiCallable[_pairing_pb2.RevokeConnectorRequest, _pairing_pb2.RevokeConnectorResponse]
 
 @_typing.type_check_only
 class PairingAsyncStub(PairingStub):
     """Served over gRPC for operators and over NATS request/reply on
-    <ns>.pairing.<Method> (queue group `pairing`) for services.
+    <ns>.pairing.<Method> (queue group `pairing`) for services. AddConnector, ListConnectors and
+    RevokeConnector are operators' calls: no service identity may publish to them.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -61,10 +66,14 @@ class PairingAsyncStub(PairingStub):
     ClaimPairingReply: _aio.UnaryUnaryMultiCallable[_pairing_pb2.ClaimPairingReplyRequest, _pairing_pb2.ClaimPairingReplyResponse]  # type: ignore[assignment]
     ListPendingRequestsPage: _aio.UnaryUnaryMultiCallable[_pairing_pb2.ListPendingRequestsPageRequest, _pairing_pb2.ListPendingRequestsPageResponse]  # type: ignore[assignment]
     GetAllowlistPage: _aio.UnaryUnaryMultiCallable[_pairing_pb2.GetAllowlistPageRequest, _pairing_pb2.GetAllowlistPageResponse]  # type: ignore[assignment]
+    AddConnector: _aio.UnaryUnaryMultiCallable[_pairing_pb2.AddConnectorRequest, _pairing_pb2.AddConnectorResponse]  # type: ignore[assignment]
+    ListConnectors: _aio.UnaryUnaryMultiCallable[_pairing_pb2.ListConnectorsRequest, _pairing_pb2.ListConnectorsResponse]  # type: ignore[assignment]
+    RevokeConnector: _aio.UnaryUnaryMultiCallable[_pairing_pb2.RevokeConnectorRequest, _pairing_pb2.RevokeConnectorResponse]  # type: ignore[assignment]
 
 class PairingServicer(metaclass=_abc_1.ABCMeta):
     """Served over gRPC for operators and over NATS request/reply on
-    <ns>.pairing.<Method> (queue group `pairing`) for services.
+    <ns>.pairing.<Method> (queue group `pairing`) for services. AddConnector, ListConnectors and
+    RevokeConnector are operators' calls: no service identity may publish to them.
     """
 
     @_abc_1.abstractmethod
@@ -129,5 +138,26 @@ class PairingServicer(metaclass=_abc_1.ABCMeta):
         request: _pairing_pb2.GetAllowlistPageRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_pairing_pb2.GetAllowlistPageResponse, _abc.Awaitable[_pairing_pb2.GetAllowlistPageResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def AddConnector(
+        self,
+        request: _pairing_pb2.AddConnectorRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pairing_pb2.AddConnectorResponse, _abc.Awaitable[_pairing_pb2.AddConnectorResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListConnectors(
+        self,
+        request: _pairing_pb2.ListConnectorsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pairing_pb2.ListConnectorsResponse, _abc.Awaitable[_pairing_pb2.ListConnectorsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RevokeConnector(
+        self,
+        request: _pairing_pb2.RevokeConnectorRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pairing_pb2.RevokeConnectorResponse, _abc.Awaitable[_pairing_pb2.RevokeConnectorResponse]]: ...
 
 def add_PairingServicer_to_server(servicer: PairingServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

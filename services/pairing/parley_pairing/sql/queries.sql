@@ -165,3 +165,50 @@ SELECT channel, count(*) AS pending
   FROM pairing.request
  WHERE created_at > now() - make_interval(secs => %(ttl)s)
  GROUP BY channel;
+
+-- add_connector --
+-- A new connector; nothing when the name is taken (whether revoked or not: a name is used once).
+INSERT INTO pairing.connector (name, namespace, agent_id, source, kind, secret_digest, api_key_digest)
+VALUES (%(name)s, %(namespace)s, %(agent_id)s, %(source)s, %(kind)s, %(secret_digest)s, %(api_key_digest)s)
+ON CONFLICT (name) DO NOTHING
+RETURNING name, namespace, agent_id, source, kind, created_at, revoked_at;
+
+-- list_connectors --
+SELECT name, namespace, agent_id, source, kind, created_at, revoked_at
+  FROM pairing.connector
+ WHERE (%(agent_id)s::uuid IS NULL OR agent_id = %(agent_id)s::uuid)
+   AND (%(include_revoked)s OR revoked_at IS NULL)
+ ORDER BY created_at DESC, name;
+
+-- admit_connector --
+-- The connector a NATS connection presents, when its secret matches and it is not revoked; the
+-- connection is recorded in the same statement, so a revocation that follows finds it.
+WITH found AS (
+    SELECT name, namespace, agent_id, source, kind, created_at, revoked_at
+      FROM pairing.connector
+     WHERE name = %(name)s AND secret_digest = %(secret_digest)s AND revoked_at IS NULL
+), session AS (
+    INSERT INTO pairing.connector_session (connector, server_id, client_id)
+    SELECT name, %(server_id)s, %(client_id)s FROM found
+    ON CONFLICT DO NOTHING
+)
+SELECT * FROM found;
+
+-- revoke_connector --
+-- Revoked once: the first revocation returns the connector and its recorded connections.
+WITH revoked AS (
+    UPDATE pairing.connector SET revoked_at = now()
+     WHERE name = %(name)s AND revoked_at IS NULL
+    RETURNING name, namespace, agent_id, source, kind, created_at, revoked_at
+)
+SELECT revoked.*,
+       coalesce((SELECT array_agg(s.server_id || ' ' || s.client_id)
+                   FROM pairing.connector_session s WHERE s.connector = revoked.name), '{}') AS sessions
+  FROM revoked;
+
+-- get_connector --
+SELECT name, namespace, agent_id, source, kind, created_at, revoked_at FROM pairing.connector WHERE name = %(name)s;
+
+-- connector_by_api_key --
+SELECT name, namespace, agent_id, source, kind, created_at, revoked_at
+  FROM pairing.connector WHERE api_key_digest = %(api_key_digest)s AND revoked_at IS NULL;

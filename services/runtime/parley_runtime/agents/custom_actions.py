@@ -107,10 +107,11 @@ class CustomActionRegistry:
     # -- keeping catalogs current ------------------------------------------------------------------
 
     def before_turns(
-        self, handle: Callable[[Delivery], Awaitable[None]], agent_token: int = -1
+        self, handle: Callable[[Delivery], Awaitable[None]], agent_token: int = 2
     ) -> Callable[[Delivery], Awaitable[None]]:
         """``handle`` preceded by the revision check of the delivery's agent, whose id is the
-        subject's token at ``agent_token`` (``<ns>.inbound.<agent>``, ``<ns>.events.<agent>.<type>``)."""
+        subject's token at ``agent_token`` (``<ns>.inbound.<agent>.<source>``, ``<ns>.self.<agent>``,
+        ``<ns>.events.<agent>.<type>``)."""
 
         async def checked(delivery: Delivery) -> None:
             tokens = delivery.subject.split(".")

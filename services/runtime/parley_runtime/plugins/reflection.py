@@ -29,7 +29,8 @@ async def _should_reflect(ctx: TurnContext) -> bool:
     character turns it off with REFLECTION: false; each reflection is a model call."""
     enabled = setting_bool(ctx.services.get_setting("REFLECTION"))
     words = len(ctx.message.text.split())
-    return enabled is not False and words >= REFLECTION_MIN_WORDS and not ctx.is_autonomous
+    from_agent = ctx.message.sender_id == ctx.agent_id  # its own words: a continuation, a thought
+    return enabled is not False and words >= REFLECTION_MIN_WORDS and not ctx.is_autonomous and not from_agent
 
 
 async def _reflect(ctx: TurnContext) -> ActionResult:

@@ -30,7 +30,7 @@ from ..records import ToolCall
 from ..sdk import ActionResult, Content
 from ..store import RuntimeStore
 from .actions import invoke
-from .inbound import Inbound
+from .inbound import Inbound, Origin
 from .ports import Ports
 from .reply import Reply
 from .services import Resources, context
@@ -227,8 +227,9 @@ class Confirmations:
                 world_id=proposing.world_id,
                 in_reply_to=proposing.message_id,
                 text="The actions waiting for confirmation are finished:\n" + "\n".join(lines),
-                metadata={"is_autonomous": "true", "confirmations_of": call.message_id},
-            )
+                metadata={"confirmations_of": call.message_id},
+            ),
+            Origin.CONTINUATION,
         )
 
 

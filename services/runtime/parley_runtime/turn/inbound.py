@@ -7,6 +7,7 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import cached_property
 from typing import Any
 
@@ -37,10 +38,52 @@ ID_FIELDS = (
 )
 
 
+class Origin(StrEnum):
+    """Who started a turn. Decided by the subject a message came on, never by its payload."""
+
+    USER = "user"  # a person, through a connector (<ns>.inbound.<agent>.<source>)
+    CONTINUATION = "continuation"  # the runtime: a conversation continued after confirmations
+    AUTONOMOUS = "autonomous"  # the runtime: the agent acting on its own
+
+
+ORIGIN_METADATA = "parley_origin"  # on the runtime's own subject only: which of its origins
+
+
+@dataclass(frozen=True)
+class InboundSubject:
+    agent: str
+    source: str | None  # None on the runtime's own subject, <ns>.self.<agent>
+
+    @property
+    def from_runtime(self) -> bool:
+        return self.source is None
+
+
+def parse_subject(subject: str) -> InboundSubject:
+    """``<ns>.inbound.<agent>.<source>`` or ``<ns>.self.<agent>`` (the INBOUND stream holds no other)."""
+    tokens = subject.split(".")
+    if len(tokens) == 3 and tokens[1] == "self":
+        return InboundSubject(tokens[2], None)
+    return InboundSubject(tokens[2] if len(tokens) > 2 else "", tokens[3] if len(tokens) > 3 else "")
+
+
+def origin_of(subject: InboundSubject, proto: runtime_pb2.InboundMessage) -> Origin:
+    if not subject.from_runtime:
+        return Origin.USER
+    claimed = proto.metadata.get(ORIGIN_METADATA, "")
+    return Origin.AUTONOMOUS if claimed == Origin.AUTONOMOUS else Origin.CONTINUATION
+
+
 def decode_inbound(
-    data: bytes, subject_agent: str, agents: Mapping[str, AgentInfo], max_text_bytes: int
+    data: bytes,
+    subject_agent: str,
+    agents: Mapping[str, AgentInfo],
+    max_text_bytes: int,
+    *,
+    subject_source: str | None = None,
 ) -> tuple[runtime_pb2.InboundMessage, AgentInfo]:
-    """Decode and validate an inbound payload; raises ``Poison`` with the reason."""
+    """Decode and validate an inbound payload; raises ``Poison`` with the reason. With
+    ``subject_source`` (a connector's subject), the payload's source must be that one."""
     try:
         inbound = runtime_pb2.InboundMessage.FromString(data)
     except DecodeError as exc:
@@ -56,6 +99,11 @@ def decode_inbound(
         raise Poison("source is required (the connector's name)", label="no_source")
     if not SOURCE_PATTERN.fullmatch(inbound.source):
         raise Poison("source must be 1-64 letters, digits, '_' or '-'", label="bad_source")
+    if subject_source is not None and inbound.source != subject_source:
+        raise Poison(
+            f"source {inbound.source!r} does not match the subject's source {subject_source[:64]!r}",
+            label="source_mismatch",
+        )
     if not inbound.message_id.strip():
         raise Poison("message_id is required (the connector's id for the message)", label="no_message_id")
     if not inbound.channel_id.strip():
@@ -102,7 +150,16 @@ class Inbound:
 
     proto: runtime_pb2.InboundMessage
     agent_id: uuid.UUID
-    autonomous: bool = False  # decided by the runtime (see the processor), never by the payload
+    origin: Origin = Origin.USER  # decided by the subject it came on (origin_of), never the payload
+
+    @property
+    def autonomous(self) -> bool:
+        return self.origin is Origin.AUTONOMOUS
+
+    @property
+    def from_runtime(self) -> bool:
+        """A continuation or an autonomous turn: the runtime's own message, not a person's."""
+        return self.origin is not Origin.USER
 
     @property
     def source(self) -> str:

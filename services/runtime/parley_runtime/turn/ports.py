@@ -21,6 +21,7 @@ from parley_platform.bus import Bus
 from parley_platform.errors import ParleyError
 
 from ..agents.directory import AgentInfo
+from .inbound import ORIGIN_METADATA, Origin
 from .prompt import Segment, join_segments
 from .reply import Reply
 
@@ -99,15 +100,17 @@ class Events:
 
 
 class Inbox:
-    """Messages the runtime gives itself (a conversation's continuation), on the agent's inbound
-    stream like any message, deduplicated by their id."""
+    """Messages the runtime gives itself (a conversation's continuation, an autonomous thought), on
+    the INBOUND stream under the runtime's own subject, which no connector may publish to;
+    deduplicated by their id."""
 
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
 
-    async def publish(self, message: runtime_pb2.InboundMessage) -> None:
+    async def publish(self, message: runtime_pb2.InboundMessage, origin: Origin) -> None:
+        message.metadata[ORIGIN_METADATA] = origin.value
         await self.bus.publish(
-            self.bus.subjects.inbound(message.agent_id),
+            self.bus.subjects.self_inbound(message.agent_id),
             message.SerializeToString(),
             msg_id=f"{message.source}:{message.message_id}",
         )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 
-from parley.v1 import runtime_pb2
 from parley_platform.consumer import Delivery, Poison, is_permanent
 from parley_platform.convert import uuid_or_none
 from parley_platform.logging import get_logger
@@ -22,7 +21,7 @@ from ..records import NewMessage
 from ..sdk import HistoryLine, Participant
 from ..store import RuntimeStore
 from .actions import ActionRunner
-from .inbound import Inbound, decode_inbound
+from .inbound import Inbound, decode_inbound, origin_of, parse_subject
 from .pipeline import Pipeline, Stage
 from .ports import Ports
 from .reply import Reply
@@ -38,13 +37,6 @@ from .stages.should_respond import ShouldRespond
 from .state import Turn, TurnMetrics, TurnSettings
 
 log = get_logger(__name__)
-
-AUTONOMOUS_METADATA = "is_autonomous"
-
-
-def claims_autonomy(proto: runtime_pb2.InboundMessage) -> bool:
-    value = proto.metadata.get(AUTONOMOUS_METADATA, "")
-    return value.lower() in ("1", "true", "yes")
 
 
 class TurnProcessor:
@@ -88,18 +80,22 @@ class TurnProcessor:
 
     async def handle(self, delivery: Delivery) -> None:
         started = time.perf_counter()
-        subject_agent = delivery.subject.rsplit(".", 1)[-1]
-        if subject_agent not in self.directory.agents and uuid_or_none(subject_agent) is not None:
-            await self.directory.reload(subject_agent)  # created on another replica since we started
+        subject = parse_subject(delivery.subject)
+        if subject.agent not in self.directory.agents and uuid_or_none(subject.agent) is not None:
+            await self.directory.reload(subject.agent)  # created on another replica since we started
         try:
             proto, agent = decode_inbound(
-                delivery.data, subject_agent, self.directory.agents, self.settings.max_text_bytes
+                delivery.data,
+                subject.agent,
+                self.directory.agents,
+                self.settings.max_text_bytes,
+                subject_source=subject.source,
             )
         except Poison as poison:
             self.metrics.dead.labels(poison.label).inc()
             self.metrics.turns.labels("dead").inc()
             raise
-        message = Inbound(proto, agent.id, autonomous=claims_autonomy(proto))
+        message = Inbound(proto, agent.id, origin=origin_of(subject, proto))
         try:
             outcome = await self._turn(delivery, message, agent)
         except Exception as exc:
@@ -115,9 +111,14 @@ class TurnProcessor:
     async def exhausted(self, subject: str, data: bytes, sequence: int) -> None:
         """Every allowed delivery of this message died with its runtime (the consumer has
         dead-lettered it): its turn is failed, not left running."""
+        parsed = parse_subject(subject)
         try:
             proto, agent = decode_inbound(
-                data, subject.rsplit(".", 1)[-1], self.directory.agents, self.settings.max_text_bytes
+                data,
+                parsed.agent,
+                self.directory.agents,
+                self.settings.max_text_bytes,
+                subject_source=parsed.source,
             )
         except Poison:
             return  # never became a turn

@@ -36,9 +36,9 @@ class Gate(Stage):
         agent, message = turn.agent, turn.message
         if not agent.enabled:
             return "disabled"
-        if message.from_self and not message.autonomous:
+        if message.from_self and not message.from_runtime:
             return "self"
-        if message.room_type in DM_ROOMS and not message.autonomous:
+        if message.room_type in DM_ROOMS and not message.from_runtime:
             policy = dm_policy(
                 agent.setting(f"DM_POLICY_{message.source.upper()}") or agent.setting("DM_POLICY") or "open",
                 "DM_POLICY",

@@ -63,8 +63,8 @@ class ShouldRespond(Stage):
 
     async def decide(self, turn: Turn) -> tuple[bool, str]:
         agent, ctx, message = turn.agent, turn.ctx, turn.message
-        if message.autonomous:
-            return True, "autonomous"
+        if message.from_runtime:
+            return True, message.origin.value
         if message.room_type in PRIVATE_ROOMS:
             return True, "room_type"
         if message.source in setting_list(agent.setting("ALWAYS_RESPOND_SOURCES")):
