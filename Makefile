@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: install run test lint typecheck unit e2e bench gen fmt infra-up infra-down infra-status clean
+.PHONY: install run test lint typecheck unit e2e bench gen secrets fmt infra-up infra-down infra-status clean
 
 install: $(STAMP)
 
@@ -44,9 +44,14 @@ bench: install  ## benchmarks (not timed tests); each prints a JSON line last
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[bench]'
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-gen: install  ## regenerate the protobuf code under libs/proto and docs/errors.md
+gen: install  ## regenerate the protobuf code under libs/proto, docs/errors.md and deploy/nats-auth.conf
 	$(BIN)/python tools/gen_proto.py
 	$(BIN)/python tools/gen_errors.py
+	$(BIN)/python tools/gen_nats_conf.py
+
+secrets: install  ## write .env (docker-compose's secrets) unless there is one
+	@if [ -e .env ]; then echo ".env exists; remove it to generate new secrets"; else \
+	  umask 077 && $(BIN)/python tools/gen_secrets.py > .env && echo "wrote .env"; fi
 
 fmt: install
 	$(BIN)/ruff check --fix .

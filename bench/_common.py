@@ -31,10 +31,11 @@ class BenchEnv:
 
 
 @contextmanager
-def bench_env() -> Iterator[BenchEnv]:
-    """Real NATS and Postgres (PARLEY_TEST_* URLs, else embedded) and its own database and namespace."""
+def bench_env(*, nats_auth: bool = True) -> Iterator[BenchEnv]:
+    """Real NATS and Postgres (PARLEY_TEST_* URLs, else embedded) and its own database and namespace.
+    ``nats_auth=False``: NATS without identities or permissions (the baseline of what they cost)."""
     root = Path(tempfile.mkdtemp(prefix="parley-bench-"))
-    with infra.session_infra(root) as endpoints:
+    with infra.session_infra(root, nats_auth=nats_auth) as endpoints:
         suffix = secrets.token_hex(4)
         name = f"parley_bench_{suffix}"
         url = create_database(endpoints.database_url, name)

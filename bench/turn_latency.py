@@ -20,7 +20,7 @@ import time
 import uuid
 
 import psycopg
-from _common import ROOT, BenchEnv, Series, bench_env, report
+from _common import BenchEnv, Series, bench_env, report, suite_env
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from parley.v1 import runtime_pb2
@@ -147,17 +147,8 @@ class Client:
 
 
 async def main(args: argparse.Namespace) -> None:
-    with bench_env() as env:
-        common = {
-            "PARLEY_NATS_URL": env.nats_url,
-            "PARLEY_DATABASE_URL": env.database_url,
-            "PARLEY_NAMESPACE": env.namespace,
-            "PARLEY_OPERATOR_TOKEN": secrets.token_hex(16),
-            "PARLEY_CHARACTERS_DIR": str(ROOT / "characters"),
-            "PARLEY_LOG_LEVEL": "WARNING",
-            "PARLEY_ENVIRONMENT": "test",
-            "PARLEY_MODEL_PROVIDER": "scripted",
-        }
+    with bench_env(nats_auth=args.nats_auth == "on") as env:
+        common = suite_env(env)  # each service connects as its own identity
         gw_port, rt_port = free_port(), free_port()
         gateway = ServiceProcess(
             "parley_gateway",
@@ -222,6 +213,7 @@ async def main(args: argparse.Namespace) -> None:
         "floor_turn_throughput_per_s": round(floor_rate, 1),
         "ratio_to_floor": round(sequential.p50_ms / floor_seq_ms, 2),
         "throughput_ratio_to_floor": round(concurrent.rate / floor_rate, 2),
+        "nats_auth": args.nats_auth,
     }
     report(
         "Turn latency (scripted model, zero latency; 1 runtime, 1 gateway)",
@@ -235,4 +227,10 @@ if __name__ == "__main__":
     parser.add_argument("--sequential", type=int, default=300)
     parser.add_argument("--concurrent", type=int, default=2000)
     parser.add_argument("--in-flight", type=int, default=64)
+    parser.add_argument(
+        "--nats-auth",
+        choices=["on", "off"],
+        default="on",
+        help="off: NATS open to anyone, no identities or permissions (what they cost, issue 12)",
+    )
     asyncio.run(main(parser.parse_args()))

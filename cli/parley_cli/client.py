@@ -15,7 +15,7 @@ from google.protobuf.message import Message
 from parley.v1 import common_pb2, runtime_pb2, runtime_pb2_grpc
 from parley_platform.bus import Bus
 from parley_platform.errors import DeadlineExceeded, FailedPrecondition, NotFound, Unauthenticated
-from parley_platform.grpcserver import error_from_rpc_error
+from parley_platform.grpcserver import error_from_rpc_error, open_channel
 
 from . import config
 
@@ -35,7 +35,7 @@ def caller(service: str, stub_class: Callable[[grpc.aio.Channel], object], timeo
                 "no operator token: set PARLEY_OPERATOR_TOKEN",
                 hint="`parley run` writes one to .parley/operator-token",
             )
-        async with grpc.aio.insecure_channel(config.grpc_address(service)) as channel:
+        async with open_channel(config.grpc_address(service), tls_ca=config.grpc_tls_ca()) as channel:
             rpc = getattr(stub_class(channel), method)
             try:
                 return await rpc(request, metadata=[("authorization", f"Bearer {token}")], timeout=timeout)
@@ -102,14 +102,14 @@ class TerminalConnector:
                 code="NATS_UNKNOWN",
                 hint="start the suite with `make run`, or set PARLEY_NATS_URL",
             )
-        user, password = config.nats_credentials()
+        nats_user, nats_password = config.nats_credentials()
         bus = await Bus.connect(
             url,
             name="parley-cli",
             namespace=config.namespace(),
             connect_timeout=3,
-            user=user,
-            password=password,
+            user=nats_user,
+            password=nats_password,
         )
         connector = cls(bus, agent_id, user or os.environ.get("USER", "you"))
         try:

@@ -74,7 +74,20 @@ def nats_url() -> str | None:
 
 
 def nats_credentials() -> tuple[str | None, str | None]:
-    return os.environ.get("PARLEY_NATS_USER") or None, os.environ.get("PARLEY_NATS_PASSWORD") or None
+    """The operator's NATS user and password when they are not in the URL: PARLEY_NATS_USER /
+    PARLEY_NATS_PASSWORD, else ``operator`` with PARLEY_OPERATOR_NATS_PASSWORD (as in the `.env`
+    that `make secrets` writes for docker-compose)."""
+    password = os.environ.get("PARLEY_NATS_PASSWORD") or os.environ.get("PARLEY_OPERATOR_NATS_PASSWORD")
+    if not password:
+        return os.environ.get("PARLEY_NATS_USER") or None, None
+    return os.environ.get("PARLEY_NATS_USER") or "operator", password
+
+
+def grpc_tls_ca() -> Path | None:
+    """PARLEY_GRPC_TLS_CA: the CA that signed the services' gRPC certificates; set, the CLI speaks
+    TLS to them (and `parley run` checks their health over TLS)."""
+    value = os.environ.get("PARLEY_GRPC_TLS_CA")
+    return Path(value) if value else None
 
 
 def namespace() -> str:

@@ -23,6 +23,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from parley_devinfra import infra
+from parley_platform.grpcserver import open_channel
 
 from . import config
 
@@ -160,7 +161,7 @@ class Supervisor:
 
     async def ready(self, spec: ServiceSpec, timeout: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{spec.grpc_port}") as channel:
+        async with open_channel(f"127.0.0.1:{spec.grpc_port}", tls_ca=config.grpc_tls_ca()) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() < deadline and not self.stopping.is_set():
                 if spec.process is not None and spec.process.returncode is not None:

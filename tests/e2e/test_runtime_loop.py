@@ -260,6 +260,21 @@ async def test_private_action_on_a_user_turn_is_rejected_and_never_runs(loop: Lo
     assert not any(line.startswith("PRIVATE_OP") for line in loop.fixture_lines())
 
 
+async def test_private_action_claimed_autonomous_by_a_connector_is_still_rejected(loop: Loop) -> None:
+    """Metadata on a connector's subject cannot make a turn autonomous (issue 12)."""
+    message = await loop.send(
+        "run the private op",
+        agent=TESTER_ID,
+        metadata={"is_autonomous": "true", "parley_origin": "autonomous"},
+    )
+    assert (await loop.reply(message)).text == "Tried."
+    turn = await loop.finished(message)
+    [private] = [a for a in turn["trajectory"]["actions"] if a["name"] == "PRIVATE_OP"]
+    assert private["outcome"] == "rejected"
+    assert "private" in private["result"]["error"]
+    assert not any(line.startswith("PRIVATE_OP") for line in loop.fixture_lines())
+
+
 async def test_role_gates_follow_the_participant_role(loop: Loop) -> None:
     member = await loop.send("run the admin op", agent=TESTER_ID)
     turn = await loop.finished(member)

@@ -140,7 +140,7 @@ async def main():
     for name in os.environ["E2E_WORKERS"].split(","):
         served.add(name, workers.get(name))
     namespace = os.environ["PARLEY_NAMESPACE"]
-    bus = await Bus.connect(os.environ["PARLEY_NATS_URL"], name="e2e-worker", namespace=namespace)
+    bus = await Bus.connect(os.environ["E2E_NATS_URL"], name="e2e-worker", namespace=namespace)
     concurrency = int(os.environ.get("E2E_CONCURRENCY", "64"))
     host = WorkerHost(bus, service="e2e-worker", workers=served, concurrency=concurrency)
     await host.start()
@@ -250,6 +250,8 @@ class SchedulerSuite:
             **self.service_env(),
             "E2E_DATABASE_URL": self.database_url,
             "E2E_WORKERS": names,
+            # The workers stand in for a service's; they connect as the operator (any task name).
+            "E2E_NATS_URL": self.env.nats_url,
             "PYTHONUNBUFFERED": "1",
             **extra,
         }

@@ -106,7 +106,7 @@ def test_up_is_idempotent_and_survives_down_up(state_dirs: Callable[[str], Path]
     assert first.nats_embedded
     assert first.postgres_embedded
     assert first.nats_monitor_url is not None
-    assert asyncio.run(jetstream_roundtrip(first.nats_url)) == (b"hello", 1)
+    assert asyncio.run(jetstream_roundtrip(first.nats_url_for("operator"))) == (b"hello", 1)
     assert postgres_roundtrip(first.database_url) == 1.0
     with psycopg.connect(first.database_url) as conn:
         conn.execute("CREATE TABLE kept (id int PRIMARY KEY)")
@@ -135,7 +135,7 @@ def test_up_is_idempotent_and_survives_down_up(state_dirs: Callable[[str], Path]
     second = infra.up(state_dir)
     assert second == first
     assert record(state_dir, "nats")["pid"] != nats_pid
-    assert asyncio.run(jetstream_roundtrip(second.nats_url)) == (b"hello", 2)
+    assert asyncio.run(jetstream_roundtrip(second.nats_url_for("operator"))) == (b"hello", 2)
     with psycopg.connect(second.database_url) as conn:
         assert conn.execute("SELECT id FROM kept").fetchall() == [(42,)]
 
@@ -154,7 +154,7 @@ def test_up_restarts_servers_that_died(state_dirs: Callable[[str], Path]) -> Non
     again = infra.up(state_dir)
     assert again == first
     assert [record(state_dir, name)["pid"] for name in ("nats", "postgres")] != pids
-    assert asyncio.run(jetstream_roundtrip(again.nats_url))[0] == b"hello"
+    assert asyncio.run(jetstream_roundtrip(again.nats_url_for("operator")))[0] == b"hello"
     assert postgres_roundtrip(again.database_url) == 1.0
 
 
@@ -168,7 +168,7 @@ def test_up_moves_off_a_recorded_port_taken_meanwhile(state_dirs: Callable[[str]
         moved = infra.up(state_dir)
     assert moved.nats_url != first.nats_url
     assert moved.database_url == first.database_url
-    assert asyncio.run(jetstream_roundtrip(moved.nats_url))[0] == b"hello"
+    assert asyncio.run(jetstream_roundtrip(moved.nats_url_for("operator")))[0] == b"hello"
 
 
 def test_external_urls_are_passed_through(state_dirs: Callable[[str], Path]) -> None:
@@ -212,17 +212,19 @@ def test_a_busy_requested_port_fails_naming_it(state_dirs: Callable[[str], Path]
 
 
 def test_session_infra_stops_its_servers(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (*infra.TEST_NATS_URL_ENV, *infra.TEST_DATABASE_URL_ENV):
+    for name in ("PARLEY_TEST_NATS_URL", "PARLEY_TEST_NATS_AUTH", *infra.TEST_DATABASE_URL_ENV):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(infra, "docker_engine_available", lambda: False)
 
     with infra.session_infra(scratch / "session") as endpoints:
         assert endpoints.nats_embedded
         assert endpoints.postgres_embedded
-        assert asyncio.run(jetstream_roundtrip(endpoints.nats_url))[0] == b"hello"
+        assert asyncio.run(jetstream_roundtrip(endpoints.nats_url_for("operator")))[0] == b"hello"
         assert postgres_roundtrip(endpoints.database_url) == 1.0
 
+        # An external server is used only with the credentials it was configured with.
         monkeypatch.setenv("PARLEY_TEST_NATS_URL", endpoints.nats_url)
+        monkeypatch.setenv("PARLEY_TEST_NATS_AUTH", str(scratch / "session" / infra.AUTH_DIR / "auth.json"))
         monkeypatch.setenv("PARLEY_DATABASE_URL", endpoints.database_url)
         with infra.session_infra(scratch / "nested") as nested:
             assert nested == Endpoints(
@@ -230,6 +232,7 @@ def test_session_infra_stops_its_servers(scratch: Path, monkeypatch: pytest.Monk
                 database_url=endpoints.database_url,
                 nats_embedded=False,
                 postgres_embedded=False,
+                nats_auth=endpoints.nats_auth,
             )
         assert list((scratch / "nested").iterdir()) == []
     ports = [port_of(endpoints.nats_url), port_of(endpoints.database_url)]
@@ -238,7 +241,7 @@ def test_session_infra_stops_its_servers(scratch: Path, monkeypatch: pytest.Monk
 
 
 def test_session_infra_stops_its_servers_on_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (*infra.TEST_NATS_URL_ENV, *infra.TEST_DATABASE_URL_ENV):
+    for name in ("PARLEY_TEST_NATS_URL", "PARLEY_TEST_NATS_AUTH", *infra.TEST_DATABASE_URL_ENV):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(infra, "docker_engine_available", lambda: False)
 

@@ -22,11 +22,13 @@ from prometheus_client import CollectorRegistry
 from parley.v1 import pairing_pb2, pairing_pb2_grpc
 from parley_devinfra.infra import free_port
 from parley_pairing.api import PairingApi, PairingMetrics
-from parley_pairing.store import MIGRATIONS_DIR, SCHEMA, PairingStore, Q
+from parley_pairing.callout import Kicker
+from parley_pairing.connectors_api import ConnectorsApi
+from parley_pairing.store import MIGRATIONS_DIR, SCHEMA, ConnectorStore, PairingStore, Q
 from parley_platform.errors import InvalidArgument, NotFound, Unavailable
 from parley_platform.grpcserver import error_from_rpc_error, start_grpc_server
 from parley_platform.postgres import Database, migrate
-from parley_platform.service import grpc_binding
+from parley_platform.service import Combined, grpc_binding
 from parley_platform.testing import create_database, drop_database
 from support import SessionEnv
 
@@ -483,18 +485,22 @@ async def test_expired_requests_take_no_page_slots(db: Database) -> None:
 
 
 @pytest.fixture
-async def unreachable_api() -> AsyncIterator[PairingApi]:
-    """The API on a database that does not answer: any storage read would be UNAVAILABLE."""
+async def unreachable_api() -> AsyncIterator[Combined]:
+    """The API (pairing and connectors, as the service serves them) on a database that does not
+    answer: any storage read would be UNAVAILABLE."""
     database = Database(
         f"postgresql://parley@127.0.0.1:{free_port()}/parley", name="down", min_size=1, max_size=1
     )
-    yield PairingApi(
-        PairingStore(database, ttl_seconds=TTL, max_pending=3), PairingMetrics(CollectorRegistry())
+    yield Combined(
+        PairingApi(
+            PairingStore(database, ttl_seconds=TTL, max_pending=3), PairingMetrics(CollectorRegistry())
+        ),
+        ConnectorsApi(ConnectorStore(database), Kicker(None), "parley"),
     )
     await database.close()
 
 
-async def test_bad_input_is_refused_before_any_storage_read(unreachable_api: PairingApi) -> None:
+async def test_bad_input_is_refused_before_any_storage_read(unreachable_api: Combined) -> None:
     agent = str(uuid.uuid4())
     token = secrets.token_urlsafe(16)
     port = free_port()
@@ -553,6 +559,10 @@ async def test_bad_input_is_refused_before_any_storage_read(unreachable_api: Pai
                     P.ClaimPairingReplyRequest(agent_id=agent, channel="d"),
                     "sender_id",
                 ),
+                (stub.AddConnector, P.AddConnectorRequest(name="a b", agent_id=agent, source="t"), "name"),
+                (stub.AddConnector, P.AddConnectorRequest(name="ab", agent_id=agent, source="t.x"), "source"),
+                (stub.AddConnector, P.AddConnectorRequest(name="ab", agent_id="x", source="t"), "agent_id"),
+                (stub.RevokeConnector, P.RevokeConnectorRequest(name=""), "name"),
             ]
             for method, request, field in bad:
                 with pytest.raises(grpc.aio.AioRpcError) as caught:

@@ -983,7 +983,7 @@ def _postgres_user_can_traverse(path: Path) -> bool:
 
 
 @contextmanager
-def session_infra(tmp_root: Path) -> Iterator[Endpoints]:
+def session_infra(tmp_root: Path, *, nats_auth: bool = True) -> Iterator[Endpoints]:
     """NATS and Postgres for a test session, each resolved on its own and torn down on exit.
 
     PostgreSQL: ``PARLEY_TEST_DATABASE_URL`` (else ``PARLEY_DATABASE_URL``), then testcontainers
@@ -991,7 +991,8 @@ def session_infra(tmp_root: Path) -> Iterator[Endpoints]:
     server only with the credentials it was configured with (``PARLEY_TEST_NATS_URL`` and
     ``PARLEY_TEST_NATS_AUTH``, the auth.json of ``parley infra up``), else the embedded binary with a
     configuration of its own: the tests check what each identity is allowed and refused, so they
-    need a server configured from ``parley_platform.permissions``.
+    need a server configured from ``parley_platform.permissions``. ``nats_auth=False`` starts the
+    embedded server open to anyone instead (a benchmark's baseline: what the permissions cost).
     """
     tmp_root = tmp_root.resolve()
     tmp_root.mkdir(parents=True, exist_ok=True)
@@ -1001,16 +1002,16 @@ def session_infra(tmp_root: Path) -> Iterator[Endpoints]:
     with ExitStack() as stack:
         monitor_url: str | None = None
         nats: EmbeddedNats | None = None
-        auth: NatsAuth
+        auth: NatsAuth | None
         nats_embedded = postgres_embedded = False
-        if nats_url is not None and auth_file is not None:
+        if nats_url is not None and auth_file is not None and nats_auth:
             auth = NatsAuth.load(Path(auth_file))
         else:
-            auth = NatsAuth.ensure(tmp_root / AUTH_DIR)
+            auth = NatsAuth.ensure(tmp_root / AUTH_DIR) if nats_auth else None
             nats = EmbeddedNats(
                 tmp_root / "nats",
                 log_file=tmp_root / "logs" / "nats.log",
-                config_file=tmp_root / AUTH_DIR / CONFIG_FILE,
+                config_file=tmp_root / AUTH_DIR / CONFIG_FILE if nats_auth else None,
             )
             stack.callback(nats.stop)
             nats.launch()

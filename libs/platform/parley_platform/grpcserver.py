@@ -7,6 +7,7 @@ import asyncio
 import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -182,9 +183,37 @@ class GrpcServer:
         await self.server.stop(grace)
 
 
+@dataclass(frozen=True)
+class ServerTls:
+    """The gRPC server's certificate (chain) and private key, PEM files."""
+
+    cert: Path
+    key: Path
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials([(self.key.read_bytes(), self.cert.read_bytes())])
+
+
+def open_channel(address: str, *, tls_ca: Path | None = None) -> grpc.aio.Channel:
+    """A client channel to a service: TLS verified against ``tls_ca`` when given, else plaintext."""
+    if tls_ca is None:
+        return grpc.aio.insecure_channel(address)
+    return grpc.aio.secure_channel(
+        address, grpc.ssl_channel_credentials(root_certificates=tls_ca.read_bytes())
+    )
+
+
 async def start_grpc_server(
-    bindings: Iterable[ServiceBinding], *, host: str, port: int, token: str, default_timeout: float = 60.0
+    bindings: Iterable[ServiceBinding],
+    *,
+    host: str,
+    port: int,
+    token: str,
+    default_timeout: float = 60.0,
+    tls: ServerTls | None = None,
 ) -> GrpcServer:
+    """Serve ``bindings`` with health and reflection on ``host:port``: over TLS only when ``tls``
+    is given, else plaintext."""
     # gRPC sets SO_REUSEPORT by default: a second server would share a busy port silently.
     server = grpc.aio.server(interceptors=[BearerTokenInterceptor(token)], options=[("grpc.so_reuseport", 0)])
     names = [health.SERVICE_NAME, reflection.SERVICE_NAME]
@@ -196,7 +225,10 @@ async def start_grpc_server(
         names.append(binding.full_name)
     reflection.enable_server_reflection(names, server)
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        address = f"{host}:{port}"
+        bound = (
+            server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
+        )
     except RuntimeError:
         bound = 0
     if bound == 0:
@@ -204,7 +236,9 @@ async def start_grpc_server(
     await server.start()
     for name in ["", *(b.full_name for b in bindings)]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info("grpc serving", port=bound, services=",".join(b.full_name for b in bindings))
+    log.info(
+        "grpc serving", port=bound, tls=tls is not None, services=",".join(b.full_name for b in bindings)
+    )
     return GrpcServer(server, bound, health_servicer)
 
 

@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry
 from . import codes
 from .bus import Bus, tls_context
 from .errors import ParleyError
-from .grpcserver import GrpcServer, start_grpc_server
+from .grpcserver import GrpcServer, ServerTls, start_grpc_server
 from .lifecycle import run_app, shutdown_in_order
 from .logging import get_logger
 from .metrics import MessagingMetrics, MetricsServer, serve
@@ -197,6 +197,7 @@ class ServiceHost(Generic[S]):
             port=getattr(s, spec.grpc_port),
             token=s.operator_token.get_secret_value(),
             default_timeout=spec.grpc_timeout,
+            tls=ServerTls(s.grpc_tls_cert, s.grpc_tls_key) if s.grpc_tls_cert and s.grpc_tls_key else None,
         )
         self._metrics = serve(
             self.registry,

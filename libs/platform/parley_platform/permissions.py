@@ -183,13 +183,14 @@ def _hocon(value: object) -> str:
 def server_authorization(passwords: Mapping[str, str], *, system_password: str, callout_issuer: str) -> str:
     """The accounts and authorization blocks of the NATS server configuration.
 
-    ``passwords`` maps each identity of ``IDENTITIES`` to what the server compares with (a bcrypt
-    hash, or an environment reference such as ``$PARLEY_RUNTIME_NATS_PASSWORD``, written as is).
+    ``passwords`` maps each identity of ``IDENTITIES`` to its password, or to an environment
+    reference such as ``$PARLEY_RUNTIME_NATS_PASSWORD``, written as is for the server to resolve.
     Every configured user bypasses the callout; anyone else (a connector) is admitted, or not, by
     the pairing service."""
 
     def password(value: str) -> str:
-        return value if value.startswith("$") and not value.startswith("$2") else _hocon(value)
+        """An environment reference (``$NAME``) is written bare, for the server to resolve."""
+        return value if value.startswith("$") else _hocon(value)
 
     users = []
     for name, identity in IDENTITIES.items():
@@ -214,7 +215,7 @@ def server_authorization(passwords: Mapping[str, str], *, system_password: str, 
             f"system_account: {SYSTEM_ACCOUNT}",
             "authorization {",
             "  auth_callout {",
-            f"    issuer: {_hocon(callout_issuer)}",
+            f"    issuer: {password(callout_issuer)}",
             f"    account: {ACCOUNT}",
             f"    auth_users: {_hocon(bypass)}",
             "  }",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -54,3 +54,13 @@ class Settings(BaseSettings):
         if not value.strip():
             raise ValueError("must not be blank")
         return value.strip()
+
+    @model_validator(mode="after")
+    def _tls_files(self) -> Settings:
+        if (self.grpc_tls_cert is None) != (self.grpc_tls_key is None):
+            raise ValueError("PARLEY_GRPC_TLS_CERT and PARLEY_GRPC_TLS_KEY go together")
+        for name in ("nats_tls_ca", "nats_tls_cert", "nats_tls_key", "grpc_tls_cert", "grpc_tls_key"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"PARLEY_{name.upper()}: no file at {path}")
+        return self

@@ -17,6 +17,8 @@ import psycopg
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from psycopg import sql
 
+from .grpcserver import open_channel
+
 T = TypeVar("T")
 
 
@@ -61,8 +63,17 @@ def drop_database(url: str, name: str) -> None:
 class ServiceProcess:
     """A service started as a real process (``python -m module``), its output kept in a log file."""
 
-    def __init__(self, module: str, env: Mapping[str, str], log_path: Path, grpc_port: int) -> None:
+    def __init__(
+        self,
+        module: str,
+        env: Mapping[str, str],
+        log_path: Path,
+        grpc_port: int,
+        *,
+        grpc_tls_ca: Path | None = None,
+    ) -> None:
         self.module = module
+        self.grpc_tls_ca = grpc_tls_ca  # the service serves gRPC over TLS, its certificate signed by this CA
         self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
         self.log_path = log_path
         self.grpc_port = grpc_port
@@ -83,7 +94,7 @@ class ServiceProcess:
 
     async def wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{self.grpc_port}") as channel:
+        async with open_channel(f"127.0.0.1:{self.grpc_port}", tls_ca=self.grpc_tls_ca) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() < deadline:
                 if self.process is not None and self.process.poll() is not None:
