@@ -5,9 +5,23 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: install run test lint typecheck unit e2e bench gen fmt infra-up infra-down infra-status clean
+.PHONY: install promtool run test lint typecheck unit e2e bench gen fmt infra-up infra-down infra-status clean
 
-install: $(STAMP)
+install: $(STAMP) promtool
+
+# tests/unit/test_deploy.py checks deploy/prometheus.yml, the alert rules and the dashboard's queries
+# with promtool, which comes with Debian's prometheus package. Installed only where it is missing
+# (apt-get as root, else through sudo); if that fails the build stops here, not in a skipped check.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  echo "promtool is missing: installing Debian's prometheus package for the deployment checks"; \
+	  as_root=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  { $$as_root apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$as_root apt-get install -y -qq \
+	      --no-install-recommends prometheus >/dev/null; } \
+	  || { echo "error: could not install promtool (apt-get install prometheus failed);" \
+	       "install Debian's prometheus package or put promtool on PATH" >&2; exit 1; }; \
+	  command -v promtool >/dev/null 2>&1 \
+	  || { echo "error: the prometheus package is installed but promtool is not on PATH" >&2; exit 1; }; }
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Parley needs Python 3.11, found {sys.version.split()[0]} (set PYTHON=...)"'
