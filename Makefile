@@ -5,13 +5,16 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: install promtool run test lint typecheck unit e2e bench gen fmt infra-up infra-down infra-status clean
+.PHONY: install test-tools promtool run test lint typecheck unit e2e bench gen fmt infra-up infra-down infra-status clean
 
-install: $(STAMP) promtool
+install: $(STAMP)
 
-# tests/unit/test_deploy.py checks deploy/prometheus.yml, the alert rules and the dashboard's queries
-# with promtool, which comes with Debian's prometheus package. Installed only where it is missing
-# (apt-get as root, else through sudo); if that fails the build stops here, not in a skipped check.
+# What the tests need beyond the virtualenv. tests/unit/test_deploy*.py check deploy/prometheus.yml,
+# the alert rules and the dashboard's queries with promtool, from Debian's prometheus package:
+# installed only where it is missing (apt-get as root, else through sudo); if that fails, the build
+# stops here, not in a skipped check. `make run` does not need it.
+test-tools: promtool
+
 promtool:
 	@command -v promtool >/dev/null 2>&1 || { \
 	  echo "promtool is missing: installing Debian's prometheus package for the deployment checks"; \
@@ -37,7 +40,7 @@ $(STAMP): pyproject.toml
 run: install  ## the whole suite, embedded NATS/Postgres unless PARLEY_NATS_URL/PARLEY_DATABASE_URL are set
 	$(BIN)/parley run
 
-test: install lint typecheck  ## every test, infrastructure included
+test: install test-tools lint typecheck  ## every test, infrastructure included
 	$(BIN)/pytest
 
 lint: install
@@ -48,7 +51,7 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-unit: install
+unit: install test-tools
 	$(BIN)/pytest tests/unit
 
 e2e: install
