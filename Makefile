@@ -5,9 +5,26 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: install run test lint typecheck unit e2e bench gen secrets fmt infra-up infra-down infra-status clean
+.PHONY: install test-tools promtool run test lint typecheck unit e2e bench gen secrets fmt infra-up infra-down infra-status clean
 
 install: $(STAMP)
+
+# What the tests need beyond the virtualenv. tests/unit/test_deploy*.py check deploy/prometheus.yml,
+# the alert rules and the dashboard's queries with promtool, from Debian's prometheus package:
+# installed only where it is missing (apt-get as root, else through sudo); if that fails, the build
+# stops here, not in a skipped check. `make run` does not need it.
+test-tools: promtool
+
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  echo "promtool is missing: installing Debian's prometheus package for the deployment checks"; \
+	  as_root=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  { $$as_root apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$as_root apt-get install -y -qq \
+	      --no-install-recommends prometheus >/dev/null; } \
+	  || { echo "error: could not install promtool (apt-get install prometheus failed);" \
+	       "install Debian's prometheus package or put promtool on PATH" >&2; exit 1; }; \
+	  command -v promtool >/dev/null 2>&1 \
+	  || { echo "error: the prometheus package is installed but promtool is not on PATH" >&2; exit 1; }; }
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Parley needs Python 3.11, found {sys.version.split()[0]} (set PYTHON=...)"'
@@ -23,7 +40,7 @@ $(STAMP): pyproject.toml
 run: install  ## the whole suite, embedded NATS/Postgres unless PARLEY_NATS_URL/PARLEY_DATABASE_URL are set
 	$(BIN)/parley run
 
-test: install lint typecheck  ## every test, infrastructure included
+test: install test-tools lint typecheck  ## every test, infrastructure included
 	$(BIN)/pytest
 
 lint: install
@@ -34,7 +51,7 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-unit: install
+unit: install test-tools
 	$(BIN)/pytest tests/unit
 
 e2e: install

@@ -25,6 +25,7 @@ def render() -> str:
         f"PARLEY_OPERATOR_TOKEN={secrets.token_urlsafe(32)}",
         f"PARLEY_SECRET_SALT={secrets.token_urlsafe(32)}",
         f"POSTGRES_PASSWORD={new_password()}",  # pasted into a libpq URL: letters and digits
+        f"GRAFANA_ADMIN_PASSWORD={new_password()}",
     ]
     return "\n".join(lines) + "\n"
 

@@ -25,6 +25,7 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from nats.js.api import ConsumerConfig, DeliverPolicy
+from racing import Span, assert_raced
 
 from parley.v1 import authz_pb2, authz_pb2_grpc, common_pb2
 from parley_devinfra.infra import free_port
@@ -234,7 +235,7 @@ async def test_conflicts_are_aborted_and_stale_authority_a_failed_precondition(
 
 RACER = textwrap.dedent(
     """
-    import asyncio, json, sys
+    import asyncio, json, sys, time
     from parley.v1 import authz_pb2
     from parley_platform.bus import Bus
     from parley_platform.errors import ParleyError
@@ -245,11 +246,19 @@ RACER = textwrap.dedent(
         "Authorize": (authz_pb2.AuthorizeRequest, authz_pb2.AuthorizeResponse),
     }
 
-    async def one(rpc, method, request):
+    async def one(rpc, method, request, barrier):
+        # Every client waits here, then says when its call started and ended (time.monotonic is
+        # one clock for every process), so the test can check that the calls overlapped.
+        await barrier.wait()
+        span = {"start": time.monotonic()}
         try:
             reply = await rpc.call("authz", method, request, TYPES[method][1], timeout=60)
         except ParleyError as exc:
-            return {"error": exc.code}
+            return {"error": exc.code, **span, "end": time.monotonic()}
+        span["end"] = time.monotonic()
+        return {**span, **await outcome(rpc, method, request, reply)}
+
+    async def outcome(rpc, method, request, reply):
         if method == "Decide" and reply.result == authz_pb2.DECIDE_RESULT_CLAIMED:
             # The winner is the executor: the tool runs here, once, then the claim is settled.
             await rpc.call("authz", "Settle", authz_pb2.SettleRequest(
@@ -272,7 +281,8 @@ RACER = textwrap.dedent(
                     return
                 method, payload = line.split(" ", 1)
                 request = TYPES[method][0].FromString(bytes.fromhex(payload))
-                results = await asyncio.gather(*(one(rpc, method, request) for rpc in rpcs))
+                barrier = asyncio.Barrier(len(rpcs))
+                results = await asyncio.gather(*(one(rpc, method, request, barrier) for rpc in rpcs))
                 print(json.dumps(results), flush=True)
         finally:
             for bus in buses:
@@ -327,11 +337,13 @@ class NatsRacers:
             assert process.stdin is not None
             process.stdin.write(line)
         await asyncio.gather(*(p.stdin.drain() for p in self.processes if p.stdin))
-        counted: Counter[str] = Counter()
+        results: list[dict[str, Any]] = []
         for process in self.processes:
-            counted.update(r.get("ok") or r["error"] for r in json.loads(await self._line(process)))
+            results += json.loads(await self._line(process))
         await self._ready()
-        return counted
+        assert len(results) == self.clients, results
+        assert_raced((Span(r["start"], r["end"]) for r in results), f"{method} racers")
+        return Counter(r.get("ok") or r["error"] for r in results)
 
     async def stop(self) -> None:
         for process in self.processes:

@@ -2,18 +2,21 @@
 
 - ``decode_inbound`` (pure): any bytes either decode into a valid message or raise ``Poison``,
   never anything else; a well-formed message decodes to itself.
+- ``decode_inbound`` rejects exactly the payloads that break the inbound contract: the rules of
+  docs/architecture.md ("What an inbound message must be"), written out in this module by
+  ``contract_violation`` rather than taken from the runtime's code.
 - A running runtime gets ~150 hypothesis-made payloads (random bytes, truncated or bit-flipped
   messages, and messages with random field values: huge and odd strings, NULs, invalid sources,
   unknown agents, bogus roles and room types) on its inbound subjects. Afterwards its consumer
-  still answers a normal message, nothing is left pending, every payload ``decode_inbound``
-  rejects is on the dead-letter stream (byte for byte, with its reason), every other payload has
-  a finished turn or was dead-lettered too, and no bad payload was retried as if its failure were
-  transient: each dead letter left on its first delivery.
+  still answers a normal message, nothing is left pending, every payload that breaks the contract
+  is on the dead-letter stream (byte for byte, with its reason) and has no turn, every payload
+  that keeps it has a finished turn and no dead letter, and no bad payload was retried as if its
+  failure were transient: each dead letter left on its first delivery.
 """
 
 from __future__ import annotations
 
-import collections
+import re
 import secrets
 import uuid
 from collections.abc import Mapping
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 import psycopg
 import pytest
+from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -29,14 +33,32 @@ from parley_platform.consumer import DEAD_DELIVERIES, DEAD_REASON, DEAD_SEQUENCE
 from parley_platform.testing import eventually
 from parley_runtime.agents.directory import AgentInfo
 from parley_runtime.character import Character
-from parley_runtime.turn.inbound import SOURCE_PATTERN, decode_inbound
+from parley_runtime.turn.inbound import decode_inbound
 from support import DEFAULT_AGENT_ID, Suite, inbound, inbound_settled, replies_to, stream_messages
 
 MAX_TEXT_BYTES = 64 * 1024  # the runtime's default PARLEY_MAX_TEXT_BYTES
-FUZZ_SOURCE = "fuzz"  # the source of the subject every payload is published on
+FUZZ_SOURCE = "fuzz"  # the subject's source for payloads without a usable one of their own
 AGENT = AgentInfo(uuid.UUID(DEFAULT_AGENT_ID), Character(name="default"))
 AGENTS: Mapping[str, AgentInfo] = {DEFAULT_AGENT_ID: AGENT}
 TERMINAL = frozenset({"replied", "ignored", "failed", "superseded"})
+
+# The inbound contract, from docs/architecture.md ("What an inbound message must be").
+KNOWN_AGENTS = {DEFAULT_AGENT_ID}  # the agents of characters/, which the suite's runtime serves
+CONTRACT_SOURCE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+REQUIRED_IDS = ("message_id", "channel_id", "sender_id")
+BOUNDED_IDS = (
+    "message_id",
+    "channel_id",
+    "sender_id",
+    "world_id",
+    "in_reply_to",
+    "sender_name",
+    "sender_username",
+)
+MAX_ID = 256
+MAX_METADATA_ENTRIES, MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 256, 4096
+MAX_ATTACHMENTS_ALLOWED = 32
+CONTRACT_ROLES = {"OWNER", "ADMIN", "MEMBER", "GUEST", "NONE"}
 
 FUZZ = settings(
     max_examples=150,
@@ -180,6 +202,10 @@ def valid(**fields: object) -> runtime_pb2.InboundMessage:
     return runtime_pb2.InboundMessage(**base)  # type: ignore[arg-type]
 
 
+def edge(**fields: object) -> bytes:
+    return valid(**fields).SerializeToString()
+
+
 # -- decode_inbound, pure ----------------------------------------------------------------------
 
 
@@ -188,6 +214,12 @@ def valid(**fields: object) -> runtime_pb2.InboundMessage:
     data=st.one_of(st.binary(max_size=2000), mangled(), PAYLOADS),
     subject=SUBJECT_AGENTS,
 )
+@example(data=edge(message_id="m" * 256), subject=DEFAULT_AGENT_ID)  # the limits' edges
+@example(data=edge(sender_name="n" * 257), subject=DEFAULT_AGENT_ID)
+@example(data=edge(metadata={f"k{i}": "v" for i in range(65)}), subject=DEFAULT_AGENT_ID)
+@example(data=edge(metadata={"k": "v" * 4097}), subject=DEFAULT_AGENT_ID)
+@example(data=edge(attachments=[runtime_pb2.Attachment()] * 33), subject=DEFAULT_AGENT_ID)
+@example(data=edge(metadata={"sender_role": "admin"}), subject=DEFAULT_AGENT_ID)
 def test_decode_inbound_raises_nothing_but_poison(data: bytes, subject: str) -> None:
     try:
         message, agent = decode_inbound(data, subject, AGENTS, MAX_TEXT_BYTES)
@@ -195,6 +227,11 @@ def test_decode_inbound_raises_nothing_but_poison(data: bytes, subject: str) -> 
         rejected: Poison | None = poison
     else:
         rejected = None
+    # The decoder rejects exactly what breaks the documented contract.
+    violation = contract_violation(data, subject)
+    assert (rejected is None) == (violation is None), (
+        f"the contract says {violation or 'valid'}; decode_inbound says {rejected or 'valid'}"
+    )
     if rejected is not None:
         assert rejected.reason
         assert rejected.label
@@ -202,7 +239,7 @@ def test_decode_inbound_raises_nothing_but_poison(data: bytes, subject: str) -> 
     # What passes is what the turn relies on.
     assert agent is AGENT
     assert message.agent_id == subject == DEFAULT_AGENT_ID
-    assert SOURCE_PATTERN.fullmatch(message.source)
+    assert CONTRACT_SOURCE.fullmatch(message.source)
     assert message.message_id.strip()
     assert message.channel_id.strip()
     assert message.sender_id.strip()
@@ -277,6 +314,10 @@ def collect_payloads() -> list[Payload]:
     @example(payload=odd(metadata={"sender_role": "ROOT"}))
     @example(payload=odd(text="nul \x00 in the text"))
     @example(payload=odd(sender_name="nul \x00 in a name"))
+    @example(payload=odd(message_id="m" * 256))  # the limits' edges
+    @example(payload=odd(channel_id="c" * 257))
+    @example(payload=odd(metadata={f"k{i}": "v" for i in range(65)}))
+    @example(payload=odd(attachments=[runtime_pb2.Attachment(title="t")] * 33))
     @example(payload=odd(message_id="m" * 3000))  # compresses: fits the unique index
     @example(payload=odd(message_id=secrets.token_urlsafe(4000)))  # does not: over a btree entry
     @example(payload=odd(channel_id="c" * 70_000))
@@ -288,14 +329,62 @@ def collect_payloads() -> list[Payload]:
     return found
 
 
-def expected_poison(payload: Payload) -> str | None:
-    """Why ``decode_inbound`` rejects the payload, or None when it passes."""
+def subject_source(payload: Payload, index: int) -> str:
+    """The source token of the subject a payload is published on: its own source when that can be
+    a subject token, except every fifth payload, which goes on FUZZ_SOURCE's subject (a mismatch
+    unless its source is FUZZ_SOURCE) as does any payload without a usable source."""
     try:
-        decode_inbound(
-            payload.data, payload.subject_agent, AGENTS, MAX_TEXT_BYTES, subject_source=FUZZ_SOURCE
-        )
-    except Poison as poison:
-        return poison.reason
+        source = runtime_pb2.InboundMessage.FromString(payload.data).source
+    except DecodeError:
+        return FUZZ_SOURCE
+    if index % 5 == 0 or not CONTRACT_SOURCE.fullmatch(source):
+        return FUZZ_SOURCE
+    return source
+
+
+def contract_violation(data: bytes, subject_agent: str, subject_source: str | None = None) -> str | None:
+    """The rule of the inbound contract a payload breaks, or None when it keeps them all
+    (``subject_source``: the source token of the subject it came on, when there is one)."""
+    try:
+        message = runtime_pb2.InboundMessage.FromString(data)
+    except DecodeError:
+        return "not an InboundMessage"
+    agent = message.agent_id or subject_agent
+    if agent != subject_agent:
+        return "agent_id differs from the subject's"
+    if agent not in KNOWN_AGENTS:
+        return "an agent the runtime does not serve"
+    if not CONTRACT_SOURCE.fullmatch(message.source):
+        return "source is not 1-64 of [A-Za-z0-9_-]"
+    if subject_source is not None and message.source != subject_source:
+        return "source differs from the subject's"
+    for name in REQUIRED_IDS:
+        if not getattr(message, name).strip():
+            return f"{name} is blank"
+    if len(message.text.encode("utf-8")) > MAX_TEXT_BYTES:
+        return "text is over the byte limit"
+    for name in BOUNDED_IDS:
+        if len(getattr(message, name)) > MAX_ID:
+            return f"{name} is over {MAX_ID} characters"
+    metadata = dict(message.metadata)
+    if len(metadata) > MAX_METADATA_ENTRIES or any(
+        len(key) > MAX_METADATA_KEY or len(value) > MAX_METADATA_VALUE for key, value in metadata.items()
+    ):
+        return "metadata over its limits"
+    if len(message.attachments) > MAX_ATTACHMENTS_ALLOWED:
+        return "too many attachments"
+    texts = [
+        value
+        for value in (getattr(message, f.name) for f in message.DESCRIPTOR.fields)
+        if isinstance(value, str)
+    ]
+    texts += [*metadata, *metadata.values()]
+    texts += [getattr(a, f.name) for a in message.attachments for f in a.DESCRIPTOR.fields]
+    if any("\x00" in text for text in texts if isinstance(text, str)):
+        return "a NUL character"
+    role = metadata.get("sender_role", "")
+    if role and role.upper() not in CONTRACT_ROLES:
+        return "metadata.sender_role is not a role"
     return None
 
 
@@ -319,9 +408,10 @@ async def test_fuzzed_inbound_payloads_are_dead_lettered_and_the_consumer_keeps_
     try:
         tag = secrets.token_hex(4)
         sequences = []
+        sources = [subject_source(payload, i) for i, payload in enumerate(payloads)]
         for i, payload in enumerate(payloads):
             ack = await bus.js.publish(
-                bus.subjects.inbound(payload.subject_agent, FUZZ_SOURCE),
+                bus.subjects.inbound(payload.subject_agent, sources[i]),
                 payload.data,
                 headers={"Nats-Msg-Id": f"fuzz-{tag}-{i}"},
                 timeout=10,
@@ -343,12 +433,11 @@ async def test_fuzzed_inbound_payloads_are_dead_lettered_and_the_consumer_keeps_
             if m.headers and DEAD_SEQUENCE in m.headers
         }
         problems: list[str] = []
-        poisoned = handled = dead_valid = 0
-        late: collections.Counter[str] = collections.Counter()
-        for payload, seq in zip(payloads, sequences, strict=True):
+        poisoned = handled = 0
+        for payload, seq, source in zip(payloads, sequences, sources, strict=True):
             shown = f"#{seq} on …{payload.subject_agent[-12:]}: {payload.data[:60]!r} ({len(payload.data)} B)"
             letter = dead.get(seq)
-            reason = expected_poison(payload)
+            reason = contract_violation(payload.data, payload.subject_agent, source)
             if letter is not None:
                 headers = letter.headers or {}
                 if letter.data != payload.data:
@@ -363,21 +452,21 @@ async def test_fuzzed_inbound_payloads_are_dead_lettered_and_the_consumer_keeps_
             if reason is not None:
                 poisoned += 1
                 if letter is None:
-                    problems.append(f"{shown}: rejected by decode_inbound ({reason}) but not dead-lettered")
+                    problems.append(f"{shown}: breaks the contract ({reason}) but was not dead-lettered")
                 continue
             state = turn_state(suite.env.database_url, payload)
             if letter is not None:
-                dead_valid += 1
-                late[(letter.headers or {}).get(DEAD_REASON, "")[:70]] += 1
+                problems.append(
+                    f"{shown}: keeps the contract but was dead-lettered "
+                    f"({(letter.headers or {}).get(DEAD_REASON, '')[:160]}); its turn is {state!r}"
+                )
             elif state in TERMINAL:
                 handled += 1
             else:
-                problems.append(
-                    f"{shown}: passes decode_inbound but its turn is {state!r} and no dead letter"
-                )
+                problems.append(f"{shown}: keeps the contract but its turn is {state!r} and no dead letter")
         print(
-            f"\nfuzz: {len(payloads)} payloads: {poisoned} rejected at decode, {handled} handled as turns, "
-            f"{dead_valid} decoded but dead-lettered later {dict(late)}; {len(dead)} dead letters in all"
+            f"\nfuzz: {len(payloads)} payloads: {poisoned} break the contract and were dead-lettered, "
+            f"{handled} keep it and were handled as turns; {len(dead)} dead letters in all"
         )
         assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems)
     finally:

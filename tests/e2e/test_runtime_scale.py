@@ -2,13 +2,17 @@
 
 - Scale-out: three replicas share 2,000 messages over 50 rooms. Every message is handled once
   (one terminal turn; a replied one has one reply on the outbound stream, a superseded one none),
-  replies in a room come out in message order, a superseded turn always has a newer message in
-  its room, and replied turns of one room never overlap in time.
+  replies in a room come out in message order, a superseded turn was superseded by a newer
+  message of its room that had arrived before the turn finished, and replied turns of one room
+  never overlap in time.
 - Crash: the same kind of load while one replica at a time is SIGKILLed and replaced. Nothing is
   lost, no reply is published twice, and the non-idempotent RECORD_EFFECT of the `effects` test
   plugin (tests/plugins/effects.py) never runs twice for a message: its own log, written outside
   the runtime, has at most one row per turn, and a retried turn that finds a claim without a
-  result reports UNCERTAIN_EFFECT instead of running the handler again.
+  result reports UNCERTAIN_EFFECT instead of running the handler again. The first kills are aimed:
+  a message that holds its effect open is sent, the test waits until the effect's row is written
+  and kills the replica that wrote it, so each of those kills lands between the effect and its
+  recorded result, whatever the timing of the random ones.
 """
 
 from __future__ import annotations
@@ -25,14 +29,15 @@ import urllib.request
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 import yaml
-from plugins.effects import DELAY_SETTING, DSN_SETTING, EFFECT_LOG_DDL
+from effect_checks import check_effects_once, check_killed_inside_the_effect, effect_pids
+from plugins.effects import DELAY_SETTING, DSN_SETTING, EFFECT_LOG_DDL, HOLD_MARKER, HOLD_SETTING
 from psycopg.rows import dict_row
 
 from parley.v1 import runtime_pb2
@@ -218,10 +223,17 @@ def check_room_order(
     problems: dict[str, list[str]] = collections.defaultdict(list)
     for room, entries in rooms.items():
         entries.sort(key=lambda e: e[1]["stream_seq"])
-        newest = entries[-1][1]["stream_seq"]
         for sent, turn in entries:
-            if turn["state"] == "superseded" and turn["stream_seq"] >= newest:
-                problems["superseded without a newer message"].append(f"{room}: {sent.message.message_id}")
+            # Superseded means a newer message of the room took it over: one that came later in the
+            # stream and had been received (ingested) before this turn finished.
+            if turn["state"] == "superseded" and not any(
+                newer["stream_seq"] > turn["stream_seq"] and newer["received_at"] <= turn_end(turn)
+                for _, newer in entries
+            ):
+                problems["superseded without a newer message received before it finished"].append(
+                    f"{room}: {sent.message.message_id} (inbound {turn['stream_seq']}, finished "
+                    f"{turn_end(turn).time()})"
+                )
         replied = [(sent, turn) for sent, turn in entries if turn["state"] == "replied"]
         for (a, turn_a), (b, turn_b) in itertools.pairwise(replied):
             if reply_seq[a.message.message_id] > reply_seq[b.message.message_id]:
@@ -247,6 +259,13 @@ def check_room_order(
     )
 
 
+def turn_end(turn: dict[str, Any]) -> datetime:
+    """When the turn finished. A turn superseded by the statement that first stores its message
+    (a newer message already held the room) gets no ``finished_at``: it ended at ``received_at``."""
+    finished: datetime | None = turn["finished_at"]
+    return finished if finished is not None else turn["received_at"]
+
+
 def turn_start(turn: dict[str, Any]) -> datetime:
     """When the turn took the room's lease; ``received_at`` when the runtime does not record it."""
     started: datetime | None = turn["started_at"]
@@ -260,6 +279,21 @@ def turns_handled(process: ServiceProcess) -> float:
     return sum(
         float(v) for v in re.findall(r'^parley_turns_total\{outcome="[a-z_]+"\} ([0-9.e+]+)$', text, re.M)
     )
+
+
+def test_the_room_check_refuses_a_turn_superseded_before_any_newer_message_arrived() -> None:
+    agent, at = agent_id("default"), datetime.fromisoformat("2026-12-01T12:00:00+00:00")
+    older, newer = make_load(agent, "check", messages=2, rooms=1, seed=1)
+
+    def row(seq: int, state: str, received: float, finished: float) -> dict[str, Any]:
+        return {"stream_seq": seq, "state": state, "received_at": at + timedelta(seconds=received),
+                "started_at": None, "finished_at": at + timedelta(seconds=finished)}  # fmt: skip
+
+    late = {older.turn_id: row(1, "superseded", 0, 1), newer.turn_id: row(2, "ignored", 2, 3)}
+    with pytest.raises(AssertionError, match="superseded without a newer message received before"):
+        check_room_order([older, newer], late, Outbound([]))
+    in_time = {older.turn_id: row(1, "superseded", 0, 1), newer.turn_id: row(2, "ignored", 0.5, 3)}
+    check_room_order([older, newer], in_time, Outbound([]))
 
 
 @pytest.mark.slow
@@ -296,7 +330,8 @@ def effects_characters(directory: Path, dsn: str, delay_ms: int) -> Path:
     hold a password) and how long the effect takes."""
     character = yaml.safe_load((TESTS / "characters" / "effects.yaml").read_text())
     character["secrets"] = {**character.get("secrets", {}), DSN_SETTING: dsn}
-    character["settings"] = {**character.get("settings", {}), DELAY_SETTING: delay_ms}
+    # A held effect waits for its kill; a minute is far longer than the test takes to aim it.
+    character["settings"] = {**character.get("settings", {}), DELAY_SETTING: delay_ms, HOLD_SETTING: 60}
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "effects.yaml").write_text(yaml.safe_dump(character))
     return directory
@@ -324,14 +359,32 @@ async def test_replicas_killed_under_load_lose_nothing_and_repeat_no_effect(
     bus = await suite.connect()
     agent, source = agent_id("effects"), "crash"
     load = make_load(agent, source, messages=1000, rooms=40, seed=11, record_share=0.2, record_rooms=20)
+    held = held_effects(agent, source, count=3)
     alive = list(suite.runtimes)
     rng = random.Random(3)
     kills = 0
+    killed_inside: dict[uuid.UUID, int] = {}  # held turn → pid of the replica killed inside its effect
     try:
         started = time.monotonic()
-        # ~18 s of load; one replica at a time is SIGKILLed every 2-3 s and a replacement started
-        # at once, for as long as the load lasts (at least 6 times).
+        # ~18 s of load; one replica at a time is SIGKILLed and a replacement started at once, for
+        # as long as the load lasts (at least 6 times). The first kills are aimed inside an effect.
         publisher = asyncio.ensure_future(publish_all(bus, load, in_flight=32, rate=55))
+        for sent in held:
+            await publish_all(bus, [sent], in_flight=1)
+            [pid] = await eventually(
+                lambda sent=sent: effect_pids(database_url, sent.turn_id),
+                timeout=60,
+                what=f"the held effect of {sent.message.message_id} to be written",
+            )
+            victim = next(p for p in alive if p.pid == pid)
+            alive.remove(victim)
+            victim.kill()
+            kills += 1
+            killed_inside[sent.turn_id] = pid
+            replacement = suite.runtime_process(**runtime_env).start()
+            suite.runtimes.append(replacement)
+            alive.append(replacement)
+            await replacement.wait_ready()
         while not publisher.done() or kills < 6:
             await asyncio.sleep(rng.uniform(2, 3))
             await alive[-1].wait_ready()  # the previous replacement, before it can be a victim
@@ -346,11 +399,13 @@ async def test_replicas_killed_under_load_lose_nothing_and_repeat_no_effect(
         await eventually(lambda: inbound_settled(bus), timeout=90, interval=0.2, what="all 1,000 handled")
         elapsed = time.monotonic() - started
 
-        turns = turn_rows(database_url, agent, load)
+        everything = [*load, *held]
+        turns = turn_rows(database_url, agent, everything)
         outbound = await Outbound.read(bus, agent, source)
-        states = check_handled_once(load, turns, outbound, allowed={"replied", "superseded"})
-        record = [s for s in load if s.message.text.startswith("please record")]
+        states = check_handled_once(everything, turns, outbound, allowed={"replied", "superseded"})
+        record = [s for s in everything if s.message.text.startswith("please record")]
         effects = check_effects_once(database_url, agent, record, turns)
+        check_killed_inside_the_effect(database_url, agent, held, turns, killed_inside)
         retried = sum(turns[s.turn_id]["attempts"] > 1 for s in load)
         assert retried > 0, "no turn was retried: the kills hit nothing"
         spans = sorted(
@@ -361,64 +416,25 @@ async def test_replicas_killed_under_load_lose_nothing_and_repeat_no_effect(
         print(
             f"\ncrash: {len(load)} messages, 40 rooms, {kills} replicas killed, settled in {elapsed:.1f}s; "
             f"{dict(states)}; replied turns took {spans[len(spans) // 2] * 1000:.0f} ms (median); "
-            f"{retried} turns retried; effects: {effects}"
+            f"{retried} turns retried; {len(killed_inside)} kills aimed inside an effect; effects: {effects}"
         )
     finally:
         await bus.close()
 
 
-def check_effects_once(
-    database_url: str, agent: str, record: Sequence[Sent], turns: dict[uuid.UUID, dict[str, Any]]
-) -> dict[str, int]:
-    """RECORD_EFFECT ran at most once per turn (its own log says so); a claim without a result
-    was reported UNCERTAIN_EFFECT by the turn that found it, or never found (turn superseded)."""
-    ids = [s.turn_id for s in record]
-    with psycopg.connect(database_url, row_factory=dict_row) as conn:
-        runs = collections.Counter(
-            row["turn_id"]
-            for row in conn.execute(
-                "SELECT turn_id FROM public.effect_log WHERE turn_id = ANY(%s::uuid[])", (ids,)
-            ).fetchall()
+def held_effects(agent: str, source: str, *, count: int) -> list[Sent]:
+    """Messages whose RECORD_EFFECT holds after the effect, each in a room of its own (so that the
+    redelivery after the kill holds the room and meets the effect's claim, never superseded)."""
+    tag = secrets.token_hex(3)
+    held = []
+    for i in range(count):
+        message = inbound(
+            f"please record {HOLD_MARKER} {i}",
+            message_id=f"{tag}-held-{i}",
+            channel=f"{tag}-held-room-{i}",
+            source=source,
+            sender="holder",
+            agent_id=agent,
         )
-        claims = {
-            row["turn_id"]: row
-            for row in conn.execute(
-                "SELECT turn_id, action, result FROM runtime.effect_claim"
-                " WHERE agent_id = %s AND turn_id = ANY(%s::uuid[]) AND action_index = 0",
-                (agent, ids),
-            ).fetchall()
-        }
-    twice = {str(t): n for t, n in runs.items() if n > 1}
-    assert not twice, f"RECORD_EFFECT ran more than once for these turns: {twice}"
-    unclaimed = [str(t) for t in runs if t not in claims]
-    assert not unclaimed, f"RECORD_EFFECT ran without an effect claim: {unclaimed[:5]}"
-    figures = collections.Counter[str]()
-    for sent in record:
-        turn = turns[sent.turn_id]
-        claim = claims.get(sent.turn_id)
-        actions = (turn["trajectory"] or {}).get("actions", [])
-        effect = next((a for a in actions if a.get("index") == 0), None)
-        if claim is None:
-            # Never reached the action: superseded before (or at) ingest.
-            assert runs[sent.turn_id] == 0
-            assert turn["state"] == "superseded", (
-                f"turn {sent.turn_id} ({turn['state']}) never ran its action"
-            )
-            figures["superseded before the action"] += 1
-        elif claim["result"] is not None:
-            figures["ran once" if runs[sent.turn_id] == 1 else "claimed, result, no log row"] += 1
-            assert runs[sent.turn_id] == 1 or not claim["result"]["success"], (
-                f"turn {sent.turn_id}: a successful RECORD_EFFECT result but {runs[sent.turn_id]} log rows"
-            )
-        elif effect is not None:
-            # The claim has no result: the attempt that wrote it died. The retry found it.
-            assert effect["outcome"] == "uncertain", f"turn {sent.turn_id}: {effect}"
-            assert str(effect["result"]["error"]).startswith("UNCERTAIN_EFFECT"), effect
-            figures["uncertain (claim found by a retry)"] += 1
-        else:
-            # The claim has no result and no retry ran the action: the retry was superseded.
-            assert turn["state"] == "superseded", (
-                f"turn {sent.turn_id} ({turn['state']}) has a claim without result and no UNCERTAIN_EFFECT"
-            )
-            figures["claim without result, retry superseded"] += 1
-    return dict(figures)
+        held.append(Sent(message, turn_id(agent, source, message.message_id)))
+    return held

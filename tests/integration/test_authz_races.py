@@ -24,6 +24,7 @@ import pytest
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from prometheus_client import CollectorRegistry
+from racing import Span, assert_raced
 
 from parley.v1 import authz_pb2
 from parley_authz.api import AuthzApi
@@ -39,12 +40,14 @@ CLIENTS = PROCESSES * CONNECTIONS
 
 # A racing client process: it keeps CONNECTIONS database connections open and,
 # for each "<method> <request hex>" line, calls the method once per connection,
-# all at once. A Decide that wins the claim runs the "tool" (one row in
+# all at once: every call waits at a barrier, then records when it started and
+# ended (time.monotonic, one clock for all processes) so the test can check that
+# the calls overlapped. A Decide that wins the claim runs the "tool" (one row in
 # race_execution) and settles it, like an executor. It answers with one JSON
 # line of outcomes, and "ready" when it can take the next round.
 CHILD = textwrap.dedent(
     """
-    import asyncio, json, os, sys
+    import asyncio, json, os, sys, time
     from prometheus_client import CollectorRegistry
     from parley.v1 import authz_pb2
     from parley_authz.api import AuthzApi
@@ -60,14 +63,20 @@ CHILD = textwrap.dedent(
         "ConsumeInteractionConfirmation": authz_pb2.ConsumeInteractionConfirmationRequest,
     }
 
-    async def one(api, db, method, request, slot):
+    async def one(api, db, method, request, slot, barrier):
         if method == "AcquireLease":
             request.lease_id = f"{request.lease_id}-{os.getpid()}-{slot}"
             request.owner = f"{request.owner}-{os.getpid()}-{slot}"
+        await barrier.wait()
+        span = {"start": time.monotonic()}
         try:
             reply = await getattr(api, method)(request)
         except ParleyError as exc:
-            return {"error": exc.code}
+            return {"error": exc.code, **span, "end": time.monotonic()}
+        span["end"] = time.monotonic()
+        return {**span, **await settle(api, db, method, request, reply)}
+
+    async def settle(api, db, method, request, reply):
         if method == "Decide" and reply.result == authz_pb2.DECIDE_RESULT_CLAIMED:
             await db.execute("INSERT INTO race_execution (tool_call_id) VALUES (%s)", (request.tool_call_id,))
             await api.Settle(authz_pb2.SettleRequest(
@@ -98,8 +107,9 @@ CHILD = textwrap.dedent(
                 requests = [REQUESTS[method]() for _ in range(connections)]
                 for request in requests:
                     request.CopyFrom(template)
+                barrier = asyncio.Barrier(connections)
                 results = await asyncio.gather(
-                    *(one(api, db, method, r, slot) for slot, r in enumerate(requests))
+                    *(one(api, db, method, r, slot, barrier) for slot, r in enumerate(requests))
                 )
                 print(json.dumps(results), flush=True)
         finally:
@@ -147,7 +157,8 @@ class Racers:
             assert await self._line(process) == "ready"
 
     async def race(self, method: str, request: Message) -> list[dict[str, Any]]:
-        """Every connection of every process calls ``method`` once, at the same moment."""
+        """Every connection of every process calls ``method`` once, at the same moment; the
+        calls are checked to have been in flight together."""
         line = f"{method} {request.SerializeToString().hex()}\n".encode()
         for process in self.processes:
             assert process.stdin is not None
@@ -157,6 +168,8 @@ class Racers:
         for process in self.processes:
             results += json.loads(await self._line(process))
         await self._all_ready()
+        assert len(results) == CLIENTS, results
+        assert_raced((Span(r["start"], r["end"]) for r in results), f"{method} racers")
         return results
 
     async def stop(self) -> None:

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+from racing import Span, assert_raced, timed
 
 from parley_platform.postgres import Database, migrate
 from parley_platform.testing import eventually
@@ -84,6 +85,8 @@ async def test_racing_claimers_take_each_due_task_exactly_once(database: str, st
     for _ in range(4):
         ids += await insert(store, [one_shot() for _ in range(500)])
     claimers = 8
+    ready = asyncio.Barrier(claimers)
+    first_claims: list[Span] = []
 
     async def claimer(index: int) -> list[uuid.UUID]:
         db = Database(database, name=f"claimer-{index}", min_size=1, max_size=1)
@@ -91,14 +94,19 @@ async def test_racing_claimers_take_each_due_task_exactly_once(database: str, st
         mine: list[uuid.UUID] = []
         try:
             racing = SchedulerStore(db)
-            while batch := await racing.claim_due(f"replica-{index}", 60_000, 16):
+            await ready.wait()  # every claimer connected: the first claims start together
+            batch, span = await timed(racing.claim_due(f"replica-{index}", 60_000, 16))
+            first_claims.append(span)
+            while batch:
                 mine += [c.id for c in batch]
                 assert all(c.attempt == 1 and not c.reclaimed for c in batch)
+                batch = await racing.claim_due(f"replica-{index}", 60_000, 16)
         finally:
             await db.close()
         return mine
 
     results = await asyncio.gather(*(claimer(i) for i in range(claimers)))
+    assert_raced(first_claims, "the first claims")
     claimed = Counter(task_id for result in results for task_id in result)
     assert set(claimed) == set(ids)
     assert set(claimed.values()) == {1}, "a task was claimed twice"
@@ -136,16 +144,21 @@ async def test_racing_completions_with_one_token_apply_once(database: str, store
     [claimed] = await store.claim_due("me", 60_000, 10)
     completion = rules.on_failure(claimed.state, claimed.db_now, error="boom", retry_at=None)
     row = completion_row(claimed, completion)
+    completers = 12
+    ready = asyncio.Barrier(completers)
 
-    async def complete(index: int) -> dict[str, bool]:
+    async def complete(index: int) -> tuple[dict[str, bool], Span]:
         db = Database(database, name=f"completer-{index}", min_size=1, max_size=1)
         await db.open()
         try:
-            return await SchedulerStore(db).finish([], [row])
+            await ready.wait()
+            return await timed(SchedulerStore(db).finish([], [row]))
         finally:
             await db.close()
 
-    results = await asyncio.gather(*(complete(i) for i in range(12)))
+    raced = await asyncio.gather(*(complete(i) for i in range(completers)))
+    assert_raced((span for _, span in raced), "the completions")
+    results = [result for result, _ in raced]
     assert sum(1 for r in results if r) == 1
     current = await store.get(task_id, None)
     assert current is not None
@@ -157,16 +170,22 @@ async def test_racing_completions_with_one_token_apply_once(database: str, store
 
 async def test_racing_executes_of_one_task_claim_it_once(database: str, store: SchedulerStore) -> None:
     [task_id] = await insert(store, [repeat(3_600_000)])
+    executors = 16
+    ready = asyncio.Barrier(executors)
 
-    async def execute(index: int) -> bool:
+    async def execute(index: int) -> tuple[bool, Span]:
         db = Database(database, name=f"exec-{index}", min_size=1, max_size=1)
         await db.open()
         try:
-            return await SchedulerStore(db).claim_one(task_id, None, f"api-{index}", 60_000) is not None
+            await ready.wait()
+            claimed, span = await timed(SchedulerStore(db).claim_one(task_id, None, f"api-{index}", 60_000))
+            return claimed is not None, span
         finally:
             await db.close()
 
-    results = await asyncio.gather(*(execute(i) for i in range(16)))
+    raced = await asyncio.gather(*(execute(i) for i in range(executors)))
+    assert_raced((span for _, span in raced), "the executes")
+    results = [won for won, _ in raced]
     assert results.count(True) == 1
 
 

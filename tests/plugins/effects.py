@@ -7,6 +7,11 @@ handler returns: the log is the ground truth of how many times the effect happen
 the runtime's own tables say. A test counts rows per turn id to prove that no turn's effect
 ran twice, even with runtimes killed mid-turn.
 
+A message whose text contains ``HOLD_MARKER`` holds its run inside the effect: the row is
+written (the effect happened) and the handler does not return (its result is not recorded) for
+``EFFECT_HOLD_SECONDS``, so that a test sees the row appear and kills the replica holding it, in
+exactly the window an effect claim exists for (tests/e2e/test_runtime_scale.py).
+
 Load it with ``plugins: [plugins.effects:effects_plugin]`` in a character and
 ``PYTHONPATH=<repo>/tests`` in the runtime's environment.
 """
@@ -25,6 +30,10 @@ DSN_SETTING = "EFFECT_LOG_DSN"
 # Milliseconds the effect takes, half before the row is written and half after: a wider window
 # for a crash between the claim and the effect, and between the effect and its recorded result.
 DELAY_SETTING = "EFFECT_DELAY_MS"
+# In a message's text: hold the run after the effect, until the test kills this replica.
+HOLD_MARKER = "and hold the effect"
+# How long a held run waits at most (a test that never kills it sees the effect "ran once").
+HOLD_SETTING = "EFFECT_HOLD_SECONDS"
 
 # Created by the test that uses the plugin (before any runtime starts), not by the handler:
 # concurrent CREATE TABLE IF NOT EXISTS can collide on the catalog.
@@ -47,6 +56,8 @@ async def _record_effect(ctx: TurnContext, params: dict[str, Any], callback: Cal
         await conn.execute(
             "INSERT INTO public.effect_log (turn_id, pid) VALUES (%s, %s)", (ctx.message.id, os.getpid())
         )
+    if HOLD_MARKER in ctx.message.text:
+        await asyncio.sleep(float(str(ctx.services.get_setting(HOLD_SETTING) or 60)))
     await asyncio.sleep(delay / 2)
     return ActionResult(True, text="effect recorded", values={"pid": os.getpid()})
 

@@ -1,13 +1,15 @@
 """The deployment files: docker-compose.yml, Dockerfile, .dockerignore, deploy/.
 
-Structural checks that need neither a Docker engine nor the network. Where a
-validator is installed (the docker-compose binary or the compose v2 plugin,
-else jsonschema with the Compose specification's schema; promtool), the tests
-also run it, but they never depend on one: a fresh CI machine has none.
+Structural checks that need neither a Docker engine nor the network, and the validators: the
+Compose specification's JSON schema (vendored in tests/schemas/) for docker-compose.yml, and
+promtool (Debian's prometheus package, installed by `make install`) for the Prometheus files. A
+missing validator fails the test: a check that is skipped proves nothing. The Kubernetes manifests
+and the Grafana dashboard have modules of their own (test_deploy_k8s.py, test_deploy_grafana.py).
 """
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import importlib
 import importlib.util
@@ -21,8 +23,10 @@ import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
+from metric_names import Metric, defined_metrics, promql_problems, run_promtool, series_index
 from pydantic_settings import BaseSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,23 +35,14 @@ DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 PROMETHEUS = ROOT / "deploy" / "prometheus.yml"
 ALERTS = ROOT / "deploy" / "alerts.yml"
+COMPOSE_SCHEMA = ROOT / "tests" / "schemas" / "compose_spec.json"
 # Where the metrics are defined; alert expressions may use nothing else.
 METRIC_SOURCES = (ROOT / "libs", ROOT / "services")
 INFRASTRUCTURE = ("nats", "postgres")
 REQUIRED_ALERTS = {"ServiceDown", "DeadLetters", "TurnsFailing", "SlowTurns", "ModelErrors"}
-# Metrics Prometheus makes itself, not the services.
-BUILTIN_METRICS = {"up"}
-# Labels Prometheus attaches to every target rather than the services.
-TARGET_LABELS = {"job", "instance"}
 # Files the image build needs from the source folders.
 BUILD_INPUT_SUFFIXES = {".py", ".pyi", ".sql", ".proto", ".yaml", ".yml", ".json", ".toml"}
 TEST_TOKEN = "deploy-test-token"
-
-PROMQL_KEYWORDS = {
-    "and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "offset",
-    "bool", "sum", "min", "max", "avg", "count", "stddev", "stdvar", "topk", "bottomk", "quantile",
-    "count_values", "group", "limitk", "limit_ratio", "inf", "nan",
-}  # fmt: skip
 
 
 # --- loading ---------------------------------------------------------------------------------------
@@ -160,54 +155,7 @@ def fixed_host_port(entry: Any) -> str | None:
     return published if published and "-" not in published else None
 
 
-# --- PromQL ----------------------------------------------------------------------------------------
-
-
-def promql_metric_names(expr: str) -> set[str]:
-    """Metric names an expression selects (not functions, keywords, labels or durations)."""
-    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'', '""', expr)
-    text = re.sub(r"\{[^}]*\}", " ", text)
-    text = re.sub(r"\[[^\]]*\]", " ", text)
-    text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
-    names = set()
-    for match in re.finditer(r"(?<![\w.])[A-Za-z_:][\w:]*", text):
-        name = match.group(0)
-        if name.lower() in PROMQL_KEYWORDS or re.match(r"\s*\(", text[match.end() :]):
-            continue
-        names.add(name)
-    return names
-
-
-def promql_matchers(expr: str) -> list[tuple[str, str, str]]:
-    """(label, operator, value) of every label matcher in an expression."""
-    found = []
-    for selector in re.findall(r"\{([^}]*)\}", expr):
-        for label, op, value in re.findall(r'(\w+)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"', selector):
-            found.append((label, op, value))
-    return found
-
-
-def defined_in_sources(metric: str, source_text: str) -> bool:
-    candidates = {metric}
-    for suffix in ("_bucket", "_sum", "_count", "_created"):
-        candidates |= {c.removesuffix(suffix) for c in candidates}
-    # prometheus_client appends `_total` to a counter declared without it.
-    candidates |= {c.removesuffix("_total") for c in candidates}
-    return any(f'"{name}"' in source_text or f"'{name}'" in source_text for name in candidates)
-
-
-def test_promql_helpers_read_the_expressions_they_are_given() -> None:
-    expr = 'histogram_quantile(0.99, sum by (le) (rate(x_seconds_bucket{a="b",c!~"d"}[5m] offset 1m))) > 5'
-    assert promql_metric_names(expr) == {"x_seconds_bucket"}
-    assert promql_matchers(expr) == [("a", "=", "b"), ("c", "!~", "d")]
-    assert promql_metric_names('absent(up{job="x"}) or absent(y_total) unless on (job) z') == {
-        "up",
-        "y_total",
-        "z",
-    }
-    assert defined_in_sources("x_seconds_bucket", 'Histogram("x_seconds", "help")')
-    assert defined_in_sources("y_total", "Counter('y', 'help')")
-    assert not defined_in_sources("z_total", '"zz_total"')
+def test_fixed_host_port_reads_every_form_of_a_ports_entry() -> None:
     assert fixed_host_port("127.0.0.1::50051") is None
     assert fixed_host_port("50051") is None
     assert fixed_host_port("127.0.0.1:50052:50052") == "50052"
@@ -312,20 +260,50 @@ def test_named_volumes_are_declared(compose: dict[str, Any]) -> None:
                 assert (ROOT / source).exists(), f"{name} mounts missing {source}"
 
 
-def test_compose_file_passes_the_installed_validators(compose: dict[str, Any]) -> None:
+def compose_schema_errors(doc: dict[str, Any]) -> list[str]:
+    """Where ``doc`` breaks the Compose specification (the schema vendored in tests/schemas/)."""
+    spec = json.loads(COMPOSE_SCHEMA.read_text())
+    # The schema declares draft 2019-09 (and still uses draft-04's `id`, which that draft ignores).
+    assert "2019-09" in str(spec.get("$schema", "")), spec.get("$schema")
+    validator = jsonschema.Draft201909Validator(spec)
+    return [
+        f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in validator.iter_errors(doc)
+    ]
+
+
+def test_compose_file_matches_the_compose_specification(compose: dict[str, Any]) -> None:
     allowed = {"version", "name", "services", "volumes", "networks", "configs", "secrets", "include"}
     unknown = {key for key in compose if key not in allowed and not key.startswith("x-")}
     assert not unknown, f"unknown top-level keys {unknown}"
+    assert not compose_schema_errors(compose)
 
+
+def test_the_compose_schema_rejects_what_compose_would_reject(compose: dict[str, Any]) -> None:
+    broken = copy.deepcopy(compose)
+    broken["services"]["runtime"]["healthcheck"]["retires"] = 3
+    broken["services"]["nats"]["ports"] = "4222:4222"
+    broken["services"]["postgres"]["depends_on"] = {"nats": {"condition": "service_happy"}}
+    errors = compose_schema_errors(broken)
+    assert any(e.startswith("services/runtime/healthcheck") and "retires" in e for e in errors), errors
+    assert any(e.startswith("services/nats/ports") for e in errors), errors
+    assert any(e.startswith("services/postgres/depends_on") for e in errors), errors
+
+
+def test_compose_config_renders_with_docker_compose_where_it_is_installed() -> None:
+    """The schema above is the check every machine runs; `docker-compose config` also resolves the
+    interpolation and the merge keys the way Compose does, so it runs where it is installed."""
     validators: list[list[str]] = []
     if legacy := shutil.which("docker-compose"):
         validators.append([legacy])
     if (docker := shutil.which("docker")) and _runs([docker, "compose", "version"]):
         validators.append([docker, "compose"])
+    if not validators:
+        pytest.skip("neither docker-compose nor the compose plugin is installed (the schema test ran)")
     env = {
         **os.environ,
         "PARLEY_OPERATOR_TOKEN": TEST_TOKEN,
         "PARLEY_SECRET_SALT": "test-salt-for-validation",
+        "GRAFANA_ADMIN_PASSWORD": "test-password-for-validation",
     }
     for validator in validators:
         result = subprocess.run(
@@ -338,18 +316,6 @@ def test_compose_file_passes_the_installed_validators(compose: dict[str, Any]) -
             check=False,
         )
         assert result.returncode == 0, f"{' '.join(validator)} config: {result.stderr}"
-    if not validators:
-        schema = _compose_schema()
-        if schema is not None and importlib.util.find_spec("jsonschema") is not None:
-            jsonschema = importlib.import_module("jsonschema")
-            spec = json.loads(schema.read_text())
-            # Chosen by draft name: published schemas spell `$schema` in ways
-            # jsonschema's own lookup does not always recognise (http vs https, a trailing #).
-            declared = str(spec.get("$schema", ""))
-            drafts = {"2020-12": "Draft202012Validator", "2019-09": "Draft201909Validator"}
-            draft = next((name for key, name in drafts.items() if key in declared), "Draft7Validator")
-            errors = list(getattr(jsonschema, draft)(spec).iter_errors(compose))
-            assert not errors, [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors]
 
 
 def _runs(argv: list[str]) -> bool:
@@ -357,18 +323,6 @@ def _runs(argv: list[str]) -> bool:
         return subprocess.run(argv, capture_output=True, timeout=30, check=False).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
-
-
-def _compose_schema() -> Path | None:
-    """The Compose specification's JSON schema, if one is on this machine."""
-    candidates = []
-    if configured := os.environ.get("COMPOSE_SPEC_SCHEMA"):
-        candidates.append(Path(configured))
-    spec = importlib.util.find_spec("compose")
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        candidates.append(Path(location) / "config" / "compose_spec.json")
-    candidates.append(Path("/usr/lib/python3/dist-packages/compose/config/compose_spec.json"))
-    return next((path for path in candidates if path.is_file()), None)
 
 
 # --- deploy/prometheus.yml, deploy/alerts.yml ------------------------------------------------------
@@ -434,26 +388,26 @@ def test_alerts_are_the_documented_ones_and_complete(alert_rules: list[dict[str,
         assert rule.get("annotations", {}).get("summary"), rule["alert"]
 
 
+@pytest.fixture(scope="module")
+def metric_series() -> dict[str, list[Metric]]:
+    index = series_index(defined_metrics(METRIC_SOURCES))
+    assert index
+    return index
+
+
 def test_alerts_use_only_metrics_and_labels_the_services_define(
-    alert_rules: list[dict[str, Any]], prometheus: dict[str, Any], source_text: str
+    alert_rules: list[dict[str, Any]],
+    prometheus: dict[str, Any],
+    source_text: str,
+    metric_series: dict[str, list[Metric]],
 ) -> None:
     jobs = {job["job_name"] for job in prometheus["scrape_configs"]}
-    for rule in alert_rules:
-        expr = str(rule["expr"])
-        metrics = promql_metric_names(expr)
-        assert metrics, f"{rule['alert']}: no metric found in {expr!r}"
-        for metric in metrics - BUILTIN_METRICS:
-            assert defined_in_sources(metric, source_text), (
-                f"{rule['alert']}: no metric {metric} in the sources"
-            )
-        for label, op, value in promql_matchers(expr):
-            if label == "job":
-                assert op in ("=~", "!~") or value in jobs, f"{rule['alert']}: no scrape job {value}"
-            elif label not in TARGET_LABELS:
-                # A typo in a label or its value would make the alert silently never fire.
-                assert f'"{label}"' in source_text, f"{rule['alert']}: no label {label} in the sources"
-                if op in ("=", "!="):
-                    assert f'"{value}"' in source_text, f"{rule['alert']}: {label}={value!r} never set"
+    problems = [
+        f"{rule['alert']}: {problem}"
+        for rule in alert_rules
+        for problem in promql_problems(str(rule["expr"]), metric_series, jobs, source_text)
+    ]
+    assert not problems, problems
 
 
 def test_every_parley_job_is_watched_for_having_no_replica(
@@ -469,16 +423,17 @@ def test_every_parley_job_is_watched_for_having_no_replica(
     assert parley_jobs <= watched, f"no absent(up{{job=...}}) alert for {parley_jobs - watched}"
 
 
-def test_prometheus_files_pass_promtool_when_installed(prometheus: dict[str, Any]) -> None:
+def test_prometheus_files_pass_promtool(prometheus: dict[str, Any]) -> None:
     assert prometheus.get("scrape_configs"), "prometheus.yml scrapes nothing"
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        return
     for argv in (["check", "config", str(PROMETHEUS)], ["check", "rules", str(ALERTS)]):
-        result = subprocess.run(
-            [promtool, *argv], capture_output=True, text=True, timeout=60, check=False, cwd=ROOT
-        )
+        result = run_promtool(*argv)
         assert result.returncode == 0, f"promtool {' '.join(argv)}: {result.stdout}{result.stderr}"
+
+
+def test_promtool_rejects_a_broken_rule(tmp_path: Path) -> None:
+    rules = tmp_path / "broken.yml"
+    rules.write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": [{"alert": "A", "expr": "sum(("}]}]}))
+    assert run_promtool("check", "rules", str(rules)).returncode != 0
 
 
 # --- Dockerfile, .dockerignore ---------------------------------------------------------------------
