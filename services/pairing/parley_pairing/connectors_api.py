@@ -58,14 +58,14 @@ class ConnectorsApi:
         self, request: pairing_pb2.ListConnectorsRequest
     ) -> pairing_pb2.ListConnectorsResponse:
         agent_id = uuid_of(request.agent_id, "agent_id") if request.agent_id else None
-        found = await self.store.find(agent_id, request.include_revoked)
+        found = await self.store.find(self.namespace, agent_id, request.include_revoked)
         return pairing_pb2.ListConnectorsResponse(connectors=[connector_pb(c) for c in found])
 
     async def RevokeConnector(
         self, request: pairing_pb2.RevokeConnectorRequest
     ) -> pairing_pb2.RevokeConnectorResponse:
         name = check_name(request.name)
-        revoked = await self.store.revoke(name)
+        revoked = await self.store.revoke(self.namespace, name)
         if revoked is None:
             raise errors.CONNECTOR_NOT_FOUND(f"no connector {name!r} that may still connect")
         connector, sessions = revoked

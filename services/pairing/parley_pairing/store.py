@@ -253,10 +253,12 @@ class ConnectorStore:
         )
         return None if row is None else _connector(row)
 
-    async def find(self, agent_id: uuid.UUID | None, include_revoked: bool) -> list[Connector]:
+    async def find(
+        self, namespace: str, agent_id: uuid.UUID | None, include_revoked: bool
+    ) -> list[Connector]:
         rows = await self.db.fetchall(
             Q["list_connectors"],
-            {"agent_id": agent_id, "include_revoked": include_revoked},
+            {"namespace": namespace, "agent_id": agent_id, "include_revoked": include_revoked},
             what="list connectors",
         )
         return [_connector(r) for r in rows]
@@ -275,9 +277,11 @@ class ConnectorStore:
         )
         return None if row is None else _connector(row)
 
-    async def revoke(self, name: str) -> tuple[Connector, list[Session]] | None:
+    async def revoke(self, namespace: str, name: str) -> tuple[Connector, list[Session]] | None:
         """Revoke once: the connector and its recorded connections, or None (unknown or revoked)."""
-        row = await self.db.fetchone(Q["revoke_connector"], {"name": name}, what="revoke connector")
+        row = await self.db.fetchone(
+            Q["revoke_connector"], {"namespace": namespace, "name": name}, what="revoke connector"
+        )
         if row is None:
             return None
         sessions = []

@@ -174,9 +174,11 @@ ON CONFLICT (name) DO NOTHING
 RETURNING name, namespace, agent_id, source, kind, created_at, revoked_at;
 
 -- list_connectors --
+-- The connectors of one namespace (deployments sharing a database see only their own).
 SELECT name, namespace, agent_id, source, kind, created_at, revoked_at
   FROM pairing.connector
- WHERE (%(agent_id)s::uuid IS NULL OR agent_id = %(agent_id)s::uuid)
+ WHERE namespace = %(namespace)s
+   AND (%(agent_id)s::uuid IS NULL OR agent_id = %(agent_id)s::uuid)
    AND (%(include_revoked)s OR revoked_at IS NULL)
  ORDER BY created_at DESC, name;
 
@@ -196,9 +198,11 @@ SELECT * FROM found;
 
 -- revoke_connector --
 -- Revoked once: the first revocation returns the connector and its recorded connections.
+-- Admission is not scoped by namespace (the server asks any pairing replica on its NATS), but an
+-- operator revokes only their own namespace's connectors.
 WITH revoked AS (
     UPDATE pairing.connector SET revoked_at = now()
-     WHERE name = %(name)s AND revoked_at IS NULL
+     WHERE name = %(name)s AND namespace = %(namespace)s AND revoked_at IS NULL
     RETURNING name, namespace, agent_id, source, kind, created_at, revoked_at
 )
 SELECT revoked.*,
