@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -c 'import llama_cpp, sys; sys.exit(llama_cpp.__version__ != "0.3.36")' 2>/dev/null || \
 	  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
 	  $(BIN)/pip install --quiet --disable-pip-version-check --no-cache-dir llama-cpp-python==0.3.36
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 run: install  ## the whole suite, embedded NATS/Postgres unless PARLEY_NATS_URL/PARLEY_DATABASE_URL are set
@@ -58,7 +58,6 @@ e2e: install
 	$(BIN)/pytest tests/e2e
 
 bench: install  ## benchmarks (not timed tests); each prints a JSON line last
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[bench]'
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 gen: install  ## regenerate the protobuf code under libs/proto, docs/errors.md and deploy/nats-auth.conf

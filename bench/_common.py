@@ -111,13 +111,18 @@ def report(title: str, rows: list[Series], summary: dict[str, object]) -> None:
     print(json.dumps(summary, sort_keys=True))
 
 
+def service_nats(env: BenchEnv) -> dict[str, str]:
+    """Where a service process finds NATS and who it is there: each picks its own identity's
+    password from this (parley_platform.host.nats_credentials)."""
+    auth = env.endpoints.nats_auth
+    return {**(auth.services_env() if auth else {}), "PARLEY_NATS_URL": env.endpoints.nats_url}
+
+
 def suite_env(env: BenchEnv) -> dict[str, str]:
     """Settings every service process of a benchmark shares: its NATS, database and namespace,
     the default character, the scripted model at zero latency, quiet logs."""
-    auth = env.endpoints.nats_auth
     return {
-        **(auth.services_env() if auth else {}),
-        "PARLEY_NATS_URL": env.endpoints.nats_url,
+        **service_nats(env),
         "PARLEY_DATABASE_URL": env.database_url,
         "PARLEY_NAMESPACE": env.namespace,
         "PARLEY_OPERATOR_TOKEN": secrets.token_hex(16),

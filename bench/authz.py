@@ -28,7 +28,7 @@ from typing import Any
 
 import grpc
 import psycopg
-from _common import BenchEnv, Series, bench_env, report
+from _common import BenchEnv, Series, bench_env, report, service_nats
 
 from parley.v1 import authz_pb2, authz_pb2_grpc
 from parley_devinfra.infra import free_port
@@ -193,7 +193,7 @@ def service_process(env: BenchEnv, token: str, clients: int, index: int) -> Serv
     return ServiceProcess(
         "parley_authz",
         {
-            "PARLEY_NATS_URL": env.nats_url,
+            **service_nats(env),
             "PARLEY_DATABASE_URL": env.database_url,
             "PARLEY_NAMESPACE": env.namespace,
             "PARLEY_OPERATOR_TOKEN": token,

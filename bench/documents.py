@@ -15,7 +15,7 @@ turns within one run so the machine's noise falls on both alike:
 each reported as p50/p99 and as ratios to the floors'. Requesters who may read little are faster
 than the floor: only the fragments of readable documents are ranked.
 
-Usage: python bench/documents.py [--queries 60]
+Usage: python bench/documents.py [--queries 60] [--documents 2000]
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def ratio(a: float, b: float) -> float:
     return round(a / b, 3) if b else float("nan")
 
 
-async def load(url: str) -> tuple[uuid.UUID, dict[str, uuid.UUID | None]]:
+async def load(url: str, documents: int) -> tuple[uuid.UUID, dict[str, uuid.UUID | None]]:
     """The agent, its rooms, entities, participants, documents and fragments; the requesters."""
     agent = uuid.uuid4()
     rooms = [uuid.uuid4() for _ in range(ROOMS)]
@@ -115,7 +115,7 @@ async def load(url: str) -> tuple[uuid.UUID, dict[str, uuid.UUID | None]]:
                 "member": member,
                 "stranger": stranger,
                 "fragments": FRAGMENTS_PER_DOCUMENT,
-                "documents": DOCUMENTS,
+                "documents": documents,
             },
         )
         await conn.execute(
@@ -140,10 +140,9 @@ async def main(args: argparse.Namespace) -> None:
     with bench_env() as env:
         await migrate(env.database_url, SCHEMA, MIGRATIONS_DIR)
         started = time.perf_counter()
-        agent, requesters = await load(env.database_url)
-        print(
-            f"loaded {DOCUMENTS * FRAGMENTS_PER_DOCUMENT:,} fragments in {time.perf_counter() - started:.1f}s"
-        )
+        agent, requesters = await load(env.database_url, args.documents)
+        fragments = args.documents * FRAGMENTS_PER_DOCUMENT
+        print(f"loaded {fragments:,} fragments in {time.perf_counter() - started:.1f}s")
         rng = random.Random(7)
         names = ["floor", "floor_with_titles", *(f"authorized:{name}" for name in requesters)]
         latencies: dict[str, list[float]] = {name: [] for name in names}
@@ -180,6 +179,7 @@ async def main(args: argparse.Namespace) -> None:
                             "embedding": embedding,
                             "limit": LIMIT,
                             "room_id": None,
+                            "scopes": None,
                         },
                     )
                     readable_hits[name] = found
@@ -192,6 +192,7 @@ async def main(args: argparse.Namespace) -> None:
                             "embedding": embedding,
                             "limit": LIMIT,
                             "room_id": None,
+                            "scopes": None,
                         }
                         cur = await conn.execute("EXPLAIN (ANALYZE, COSTS OFF) " + sql, params)
                         print("\n".join(str(r[0]) for r in await cur.fetchall()), end="\n\n")
@@ -203,8 +204,8 @@ async def main(args: argparse.Namespace) -> None:
         floor = series["floor"]
         summary: dict[str, object] = {
             "benchmark": "documents",
-            "fragments": DOCUMENTS * FRAGMENTS_PER_DOCUMENT,
-            "documents": DOCUMENTS,
+            "fragments": fragments,
+            "documents": args.documents,
             "dimension": DIMENSION,
             "limit": LIMIT,
             "queries": args.queries,
@@ -222,7 +223,7 @@ async def main(args: argparse.Namespace) -> None:
             summary[f"{who}_p99_ratio_to_floor"] = ratio(s.p99_ms, floor.p99_ms)
             summary[f"{who}_p50_ratio_to_floor_with_titles"] = ratio(s.p50_ms, joined.p50_ms)
         report(
-            f"Documents: fragment search over {DOCUMENTS * FRAGMENTS_PER_DOCUMENT:,} fragments, "
+            f"Documents: fragment search over {fragments:,} fragments, "
             "with authorization in SQL, against the same search without it",
             list(series.values()),
             summary,
@@ -232,5 +233,6 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, default=60)
+    parser.add_argument("--documents", type=int, default=DOCUMENTS, help="documents of the agent")
     parser.add_argument("--explain", action="store_true", help="print the plans of the floor and the search")
     asyncio.run(main(parser.parse_args()))

@@ -20,7 +20,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 
-from _common import ROOT, BenchEnv, Series, bench_env, report
+from _common import ROOT, BenchEnv, Series, bench_env, report, service_nats
 
 from parley.v1 import model_pb2
 from parley_clients.batcher import BatcherClient
@@ -54,7 +54,7 @@ async def timed(name: str, n: int, in_flight: int, op: Op) -> Series:
 def start_gateway(env: BenchEnv, namespace: str, **extra: str) -> ServiceProcess:
     port = free_port()
     process_env = {
-        "PARLEY_NATS_URL": env.nats_url,
+        **service_nats(env),
         "PARLEY_DATABASE_URL": env.database_url,
         "PARLEY_NAMESPACE": namespace,
         "PARLEY_OPERATOR_TOKEN": secrets.token_hex(16),

@@ -2,7 +2,7 @@
 
 The pairing service runs as real processes. One agent's channel holds 100,000
 live pending requests and 100,000 allowlist entries (the worst case for its
-pages; the table also holds other agents' rows). Measured:
+pages; the table also holds other agents' rows, a fifth as many; ``--rows`` changes the size). Measured:
 
 - page latency p50/p99, first, middle and last page (limit 50), through NATS
   request/reply and through the operator gRPC API, and the same page SELECT
@@ -12,7 +12,7 @@ pages; the table also holds other agents' rows). Measured:
   slot), against the same upsert statement run directly on 16 connections, and
   the plain one-statement ``UPDATE … RETURNING`` floor of ENV.md.
 
-Usage: python bench/pairing.py [--pages 300] [--upserts 4000] [--clients 16] [--replicas 2]
+Usage: python bench/pairing.py [--pages 300] [--upserts 4000] [--clients 16] [--replicas 2] [--rows 100000]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 import psycopg
-from _common import BenchEnv, Series, bench_env, report
+from _common import BenchEnv, Series, bench_env, report, service_nats
 from psycopg.types.json import Jsonb
 
 from parley.v1 import pairing_pb2, pairing_pb2_grpc
@@ -39,7 +39,6 @@ from parley_platform.rpc import RpcClient
 from parley_platform.testing import ServiceProcess
 
 ROWS = 100_000
-NOISE = 20_000
 TTL = 3600.0
 LIMIT = 50
 Op = Callable[[int, int], Awaitable[object]]
@@ -61,24 +60,24 @@ async def timed(name: str, n: int, in_flight: int, op: Op) -> Series:
     return Series(name, latencies, time.perf_counter() - started)
 
 
-async def seed(url: str, agent: uuid.UUID) -> None:
+async def seed(url: str, agent: uuid.UUID, rows: int) -> None:
     await migrate(url, SCHEMA, MIGRATIONS_DIR)
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        total = ROWS + NOISE
+        total = rows + rows // 5  # other agents' rows too
         await conn.execute(
             "INSERT INTO pairing.request (agent_id, channel, sender_id, code, slot, created_at)"
             " SELECT CASE WHEN g <= %(rows)s THEN %(agent)s ELSE gen_random_uuid() END, 'discord',"
             "        's' || g, translate(lpad(to_hex(g), 8, '0'), '01abcdef', 'ABCDEFGH'), g,"
             "        now() - g * interval '1 ms'"
             "   FROM generate_series(1, %(total)s) g",
-            {"agent": agent, "rows": ROWS, "total": total},
+            {"agent": agent, "rows": rows, "total": total},
         )
         await conn.execute(
             "INSERT INTO pairing.allowlist (agent_id, channel, sender_id, added_by, created_at)"
             " SELECT CASE WHEN g <= %(rows)s THEN %(agent)s ELSE gen_random_uuid() END, 'discord',"
             "        's' || g, 'seed', now() - g * interval '1 ms'"
             "   FROM generate_series(1, %(total)s) g",
-            {"agent": agent, "rows": ROWS, "total": total},
+            {"agent": agent, "rows": rows, "total": total},
         )
         await conn.execute("VACUUM ANALYZE pairing.request")
         await conn.execute("VACUUM ANALYZE pairing.allowlist")
@@ -92,7 +91,7 @@ def start_replicas(env: BenchEnv, token: str, count: int) -> list[ServiceProcess
             ServiceProcess(
                 "parley_pairing",
                 {
-                    "PARLEY_NATS_URL": env.nats_url,
+                    **service_nats(env),
                     "PARLEY_DATABASE_URL": env.database_url,
                     "PARLEY_NAMESPACE": env.namespace,
                     "PARLEY_OPERATOR_TOKEN": token,
@@ -109,7 +108,13 @@ def start_replicas(env: BenchEnv, token: str, count: int) -> list[ServiceProcess
     return replicas
 
 
-PAGES = {"first": 0, "middle": ROWS // 2, "last": ROWS - LIMIT}
+PAGE_NAMES = ("first", "middle", "last")
+
+
+def page_offsets(rows: int) -> dict[str, int]:
+    return {"first": 0, "middle": rows // 2, "last": rows - LIMIT}
+
+
 LISTS = {
     "pending": ("ListPendingRequestsPage", pairing_pb2.ListPendingRequestsPageRequest, "pending_page"),
     "allowlist": ("GetAllowlistPage", pairing_pb2.GetAllowlistPageRequest, "allowlist_page"),
@@ -117,7 +122,13 @@ LISTS = {
 
 
 async def pages(
-    env: BenchEnv, bus: Bus, stub: pairing_pb2_grpc.PairingStub, token: str, agent: uuid.UUID, n: int
+    env: BenchEnv,
+    bus: Bus,
+    stub: pairing_pb2_grpc.PairingStub,
+    token: str,
+    agent: uuid.UUID,
+    n: int,
+    rows: int,
 ) -> dict[str, Series]:
     rpc = RpcClient(bus)
     metadata = [("authorization", f"Bearer {token}")]
@@ -125,7 +136,7 @@ async def pages(
     async with await psycopg.AsyncConnection.connect(env.database_url, autocommit=True) as conn:
         for list_name, (method, request_type, query) in LISTS.items():
             response_type = getattr(pairing_pb2, f"{method}Response")
-            for page_name, offset in PAGES.items():
+            for page_name, offset in page_offsets(rows).items():
                 request = request_type(agent_id=str(agent), channel="discord", limit=LIMIT, offset=offset)
                 params = {
                     "agent_id": agent,
@@ -159,7 +170,7 @@ async def pages(
                     offset: int = offset,
                 ) -> None:
                     cur = await conn.execute(sql, params, prepare=True)
-                    assert len(await cur.fetchall()) == LIMIT + (offset + LIMIT < ROWS)
+                    assert len(await cur.fetchall()) == LIMIT + (offset + LIMIT < rows)
 
                 for how, op in (("nats", over_nats), ("grpc", over_grpc), ("sql", raw_sql)):
                     await timed("warm-up", 20, 1, op)
@@ -254,7 +265,7 @@ async def main(args: argparse.Namespace) -> None:
     with bench_env() as env:
         token = secrets.token_hex(16)
         agent = uuid.uuid4()
-        await seed(env.database_url, agent)
+        await seed(env.database_url, agent, args.rows)
         replicas = start_replicas(env, token, args.replicas)
         bus = await Bus.connect(env.nats_url, name="bench", namespace=env.namespace)
         try:
@@ -262,7 +273,7 @@ async def main(args: argparse.Namespace) -> None:
                 await replica.wait_ready()
             async with grpc.aio.insecure_channel(f"127.0.0.1:{replicas[0].grpc_port}") as channel:
                 page_series = await pages(
-                    env, bus, pairing_pb2_grpc.PairingStub(channel), token, agent, args.pages
+                    env, bus, pairing_pb2_grpc.PairingStub(channel), token, agent, args.pages, args.rows
                 )
             upsert_series = await upserts(env, args.upserts, args.clients)
         finally:
@@ -275,7 +286,7 @@ async def main(args: argparse.Namespace) -> None:
 
     page_figures: dict[str, object] = {}
     for list_name in LISTS:
-        for page_name in PAGES:
+        for page_name in PAGE_NAMES:
             nats = page_series[f"{list_name}:{page_name}:nats"]
             grpc_ = page_series[f"{list_name}:{page_name}:grpc"]
             sql = page_series[f"{list_name}:{page_name}:sql"]
@@ -290,7 +301,7 @@ async def main(args: argparse.Namespace) -> None:
     first_pages = [page_series[f"{name}:first:nats"] for name in LISTS]
     summary: dict[str, object] = {
         "benchmark": "pairing",
-        "rows": ROWS,
+        "rows": args.rows,
         "replicas": args.replicas,
         "pages": page_figures,
         "first_page_p99_ms_max": round(max(s.p99_ms for s in first_pages), 3),
@@ -302,7 +313,8 @@ async def main(args: argparse.Namespace) -> None:
         "allowlist_first_page_p50_ratio_to_sql": page_figures["allowlist_first"]["nats_p50_ratio_to_sql"],  # type: ignore[index]
     }
     report(
-        f"Pairing: pages on {ROWS:,} rows, upserts with {args.clients} clients ({args.replicas} replicas)",
+        f"Pairing: pages on {args.rows:,} rows,"
+        f" upserts with {args.clients} clients ({args.replicas} replicas)",
         [*page_series.values(), *upsert_series.values()],
         summary,
     )
@@ -314,4 +326,5 @@ if __name__ == "__main__":
     parser.add_argument("--upserts", type=int, default=4000)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--rows", type=int, default=ROWS, help="pending requests and allowlist entries")
     asyncio.run(main(parser.parse_args()))

@@ -1,4 +1,4 @@
-"""Scheduler throughput and due→start lag, against its floor and against procrastinate.
+"""Scheduler throughput and due→start lag, against its floor and against procrastinate and PgQueuer.
 
 End to end: one-shot tasks due at one moment are claimed by the scheduler
 replicas (real `python -m parley_scheduler` processes), dispatched over NATS to
@@ -10,11 +10,12 @@ from a separate run where tasks fall due steadily, as the workers see it.
 In the same run:
 - the floor: the raw single-statement SKIP LOCKED claim on a plain table with
   4 connections, and a raw NATS request/reply (sequential and 64 in flight);
-- the peer: procrastinate (`pip install -e '.[bench]'`) running the same number
-  of no-op jobs on the same Postgres, one worker process per replica with the
-  same concurrency, deleting finished jobs.
+- the peers: procrastinate and PgQueuer (`pip install -e '.[bench]'`), each
+  running the same number of no-op jobs on the same Postgres, one worker process
+  per replica with the same concurrency, finished jobs leaving the queue table
+  (procrastinate deletes them; PgQueuer moves them to its log).
 
-Usage: python bench/scheduler.py [--tasks 10000] [--concurrency 64] [--lag-tasks 1000]
+Usage: python bench/scheduler.py [--tasks 10000] [--concurrency 64] [--lag-tasks 1000] [--lag-rate 200]
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import IO
 
 import psycopg
-from _common import BenchEnv, Series, bench_env, percentile, report
+from _common import BenchEnv, Series, bench_env, percentile, report, service_nats
 
 from parley.v1 import scheduler_pb2
 from parley_devinfra.infra import free_port
@@ -45,8 +46,10 @@ from parley_platform.testing import ServiceProcess
 
 AGENT = str(uuid.uuid4())
 
+# The worker process, on uvloop like a service that hosts workers (parley_platform.lifecycle).
 WORKER = r"""
 import asyncio, json, os, signal, time
+import uvloop
 from parley_platform.bus import Bus
 from parley_platform.worker import WorkerHost, Workers
 
@@ -60,7 +63,7 @@ async def main():
             lags.append(time.time() - task.due_at.timestamp())
 
     namespace = os.environ["PARLEY_NAMESPACE"]
-    bus = await Bus.connect(os.environ["PARLEY_NATS_URL"], name="bench-worker", namespace=namespace)
+    bus = await Bus.connect(os.environ["BENCH_NATS_URL"], name="bench-worker", namespace=namespace)
     concurrency = int(os.environ["BENCH_CONCURRENCY"])
     host = WorkerHost(bus, service="bench", workers=workers, concurrency=concurrency)
     await host.start()
@@ -73,7 +76,7 @@ async def main():
     with open(os.environ["BENCH_LAGS"], "w") as out:
         json.dump(lags, out)
 
-asyncio.run(main())
+uvloop.run(main())
 """
 
 PROCRASTINATE = r"""
@@ -106,6 +109,50 @@ async def main():
 
 asyncio.run(main())
 """
+
+
+# PgQueuer: the same three programs. Its worker takes jobs in batches of up to 10 (its default),
+# never more than the concurrency at once, and stops once the queue is empty (drain mode); on
+# uvloop, as its own command line runs it.
+PGQUEUER = r"""
+import asyncio, os, sys
+from datetime import timedelta
+import uvloop
+import psycopg
+from pgqueuer import PsycopgDriver, Queries, QueueManager
+from pgqueuer.types import QueueExecutionMode
+
+async def main():
+    conn = await psycopg.AsyncConnection.connect(os.environ["BENCH_DATABASE_URL"], autocommit=True)
+    driver = PsycopgDriver(conn)
+    if sys.argv[1] == "schema":
+        await Queries(driver).install()
+        return
+    if sys.argv[1] == "defer":
+        total = int(sys.argv[2])
+        for start in range(0, total, 1000):
+            n = min(1000, total - start)
+            await Queries(driver).enqueue(["noop"] * n, [None] * n, [0] * n)
+        return
+    concurrency = int(os.environ["BENCH_CONCURRENCY"])
+    qm = QueueManager(Queries(driver))
+
+    @qm.entrypoint("noop")
+    async def noop(job):
+        return None
+
+    print("ready", flush=True)
+    sys.stdin.readline()
+    batch = max(1, min(10, concurrency // 2))
+    await qm.run(
+        dequeue_timeout=timedelta(seconds=1), batch_size=batch, mode=QueueExecutionMode.drain,
+        max_concurrent_tasks=concurrency,
+    )
+    print("done", flush=True)
+
+uvloop.run(main())
+"""
+PEERS = {"procrastinate": (PROCRASTINATE, "procrastinate_jobs"), "pgqueuer": (PGQUEUER, "pgqueuer")}
 
 
 def log(text: str) -> None:
@@ -158,8 +205,8 @@ async def create(
         await rpc.call("scheduler", "CreateTasks", batch, scheduler_pb2.CreateTasksResponse, timeout=60)
 
 
-async def remaining(conn: psycopg.AsyncConnection[object]) -> int:
-    cur = await conn.execute("SELECT count(*) FROM scheduler.task")
+async def remaining(conn: psycopg.AsyncConnection[object], table: str = "scheduler.task") -> int:
+    cur = await conn.execute(f"SELECT count(*) FROM {table}")
     row = await cur.fetchone()
     assert row is not None
     return int(row[0])  # type: ignore[call-overload]
@@ -177,7 +224,7 @@ async def until_empty(conn: psycopg.AsyncConnection[object], timeout: float = 30
 async def parley_run(env: BenchEnv, replicas: int, args: argparse.Namespace, token: str) -> dict[str, object]:
     namespace = f"{env.namespace}r{replicas}"
     common = {
-        "PARLEY_NATS_URL": env.nats_url,
+        **service_nats(env),
         "PARLEY_DATABASE_URL": env.database_url,
         "PARLEY_NAMESPACE": namespace,
         "PARLEY_OPERATOR_TOKEN": token,
@@ -185,6 +232,8 @@ async def parley_run(env: BenchEnv, replicas: int, args: argparse.Namespace, tok
         "PARLEY_ENVIRONMENT": "test",
         "PARLEY_SCHEDULER_MAX_INFLIGHT": str(args.concurrency),
         "BENCH_CONCURRENCY": str(args.concurrency),
+        # The worker process stands in for a service's workers; it connects as the operator.
+        "BENCH_NATS_URL": env.nats_url,
     }
     schedulers = []
     for _ in range(replicas):
@@ -248,13 +297,13 @@ async def parley_run(env: BenchEnv, replicas: int, args: argparse.Namespace, tok
 
 
 async def peer(
-    env: BenchEnv, concurrency: int, *args: str, stdin: bool = False
+    name: str, env: BenchEnv, concurrency: int, *args: str, stdin: bool = False
 ) -> asyncio.subprocess.Process:
-    """A procrastinate program (apply the schema, defer jobs, or run a worker) as its own process."""
+    """A peer's program (apply the schema, defer jobs, or run a worker) as its own process."""
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
-        PROCRASTINATE,
+        PEERS[name][0],
         *args,
         env={**os.environ, "BENCH_DATABASE_URL": env.database_url, "BENCH_CONCURRENCY": str(concurrency)},
         stdin=asyncio.subprocess.PIPE if stdin else None,
@@ -263,27 +312,33 @@ async def peer(
     )
 
 
-async def procrastinate_run(env: BenchEnv, processes: int, args: argparse.Namespace) -> dict[str, object]:
-    deferring = await peer(env, args.concurrency, "defer", str(args.tasks))
+async def peer_run(name: str, env: BenchEnv, processes: int, args: argparse.Namespace) -> dict[str, object]:
+    """The peer's jobs deferred first, then its workers started at one moment; until they drained."""
+    deferring = await peer(name, env, args.concurrency, "defer", str(args.tasks))
     if await deferring.wait() != 0:
-        raise SystemExit("procrastinate could not defer the jobs")
-    workers = [await peer(env, args.concurrency, "work", stdin=True) for _ in range(processes)]
+        raise SystemExit(f"{name} could not defer the jobs")
+    workers = [await peer(name, env, args.concurrency, "work", stdin=True) for _ in range(processes)]
     for worker in workers:
         assert worker.stdout is not None
         if (await worker.stdout.readline()).strip() != b"ready":
-            raise SystemExit("a procrastinate worker did not start")
-    started = time.time()
+            raise SystemExit(f"a {name} worker did not start")
+    # Measured like Parley's run: until the queue table is empty, not until the workers exit
+    # (their shutdown is no part of the work).
+    table = PEERS[name][1]
+    async with await psycopg.AsyncConnection.connect(env.database_url, autocommit=True) as conn:
+        started = time.time()
+        for worker in workers:
+            assert worker.stdin is not None
+            worker.stdin.write(b"go\n")
+            await worker.stdin.drain()
+        deadline = time.monotonic() + 600
+        while await remaining(conn, table):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{name} did not finish in time")
+            await asyncio.sleep(0.01)
+        wall = time.time() - started
     for worker in workers:
-        assert worker.stdin is not None
-        worker.stdin.write(b"go\n")
-        await worker.stdin.drain()
-    for worker in workers:
-        await asyncio.wait_for(worker.wait(), 600)
-    wall = time.time() - started
-    async with await psycopg.AsyncConnection.connect(env.database_url) as conn:
-        cur = await conn.execute("SELECT count(*) FROM procrastinate_jobs")
-        left = await cur.fetchone()
-    assert left == (0,), f"procrastinate left {left} jobs"
+        await asyncio.wait_for(worker.wait(), 60)
     return {"tasks": args.tasks, "seconds": round(wall, 3), "tasks_per_s": round(args.tasks / wall, 1)}
 
 
@@ -359,9 +414,10 @@ def throughput_row(name: str, figures: dict[str, object]) -> Series:
 
 async def main(args: argparse.Namespace) -> None:
     try:
+        import pgqueuer  # noqa: F401
         import procrastinate  # noqa: F401
     except ImportError:
-        raise SystemExit("the peer is missing: pip install -e '.[bench]'") from None
+        raise SystemExit("a peer is missing: pip install -e '.[bench]'") from None
     with bench_env() as env:
         env.logs.mkdir(parents=True, exist_ok=True)
         token = secrets.token_hex(16)
@@ -372,20 +428,24 @@ async def main(args: argparse.Namespace) -> None:
         one = await parley_run(env, 1, args, token)
         log("parley, 2 replicas")
         two = await parley_run(env, 2, args, token)
-        log("procrastinate: schema")
-        if await (await peer(env, 1, "schema")).wait() != 0:
-            raise SystemExit("procrastinate could not apply its schema")
-        log("procrastinate, 1 process")
-        peer_one = await procrastinate_run(env, 1, args)
-        log("procrastinate, 2 processes")
-        peer_two = await procrastinate_run(env, 2, args)
+        peers: dict[str, dict[int, dict[str, object]]] = {}
+        for name in PEERS:
+            log(f"{name}: schema")
+            if await (await peer(name, env, 1, "schema")).wait() != 0:
+                raise SystemExit(f"{name} could not install its schema")
+            for processes in (1, 2):
+                log(f"{name}, {processes} process(es)")
+                peers.setdefault(name, {})[processes] = await peer_run(name, env, processes, args)
 
     lags = one.pop("lag_series", [])
     rows = [
         throughput_row("parley: 1 replica + 1 worker, end to end", one),
         throughput_row("parley: 2 replicas + 2 workers, end to end", two),
-        throughput_row("procrastinate: 1 worker process", peer_one),
-        throughput_row("procrastinate: 2 worker processes", peer_two),
+        *(
+            throughput_row(f"{name}: {n} worker process(es)", figures)
+            for name, runs in peers.items()
+            for n, figures in runs.items()
+        ),
         Series(
             "parley: due→start lag (steady arrivals)",
             list(lags),
@@ -400,15 +460,20 @@ async def main(args: argparse.Namespace) -> None:
         "concurrency": args.concurrency,
         "parley_1_replica": one,
         "parley_2_replicas": two,
-        "procrastinate_1_process": peer_one,
-        "procrastinate_2_processes": peer_two,
+        "procrastinate_1_process": peers["procrastinate"][1],
+        "procrastinate_2_processes": peers["procrastinate"][2],
+        "pgqueuer_1_process": peers["pgqueuer"][1],
+        "pgqueuer_2_processes": peers["pgqueuer"][2],
         "floor": {
             "skip_locked_claim_4_connections": claim.figures(),
             "nats_request_reply_1": nats_seq.figures(),
             "nats_request_reply_64": nats_conc.figures(),
         },
-        "ratio_to_procrastinate_1": round(float(one["tasks_per_s"]) / float(peer_one["tasks_per_s"]), 2),  # type: ignore[arg-type]
-        "ratio_to_procrastinate_2": round(float(two["tasks_per_s"]) / float(peer_two["tasks_per_s"]), 2),  # type: ignore[arg-type]
+        **{
+            f"ratio_to_{name}_{n}": round(float(mine["tasks_per_s"]) / float(runs[n]["tasks_per_s"]), 2)  # type: ignore[arg-type]
+            for name, runs in peers.items()
+            for n, mine in ((1, one), (2, two))
+        },
         "ratio_to_floor_claim_1": round(float(one["tasks_per_s"]) / claim.rate, 2),  # type: ignore[arg-type]
         "ratio_to_floor_claim_2": round(float(two["tasks_per_s"]) / claim.rate, 2),  # type: ignore[arg-type]
         "lag_p50_ms": one.get("lag_p50_ms"),

@@ -20,6 +20,7 @@ statements) as in turn_latency.py, and with every round trip the census found, b
 after the reply (message embeddings, the REFLECTION evaluator) included.
 
 Usage: python bench/turn_throughput.py [--turns 3000] [--in-flight 64] [--census 200] [--floor-n 300]
+       [--settle 11]
 """
 
 from __future__ import annotations
@@ -99,7 +100,9 @@ async def settled_transactions(
         last = now
 
 
-async def census(env: BenchEnv, bus: Bus, client: Client, n: int, gateway_database: str) -> dict[str, Any]:
+async def census(
+    env: BenchEnv, bus: Bus, client: Client, n: int, gateway_database: str, settle: float
+) -> dict[str, Any]:
     """Every NATS message and SQL statement of ``n`` sequential turns, per turn. The runtime and
     the gateway have a database each here, so each one's statements are counted apart."""
     kinds: collections.Counter[str] = collections.Counter()
@@ -111,13 +114,13 @@ async def census(env: BenchEnv, bus: Bus, client: Client, n: int, gateway_databa
             kinds[classify(msg.subject, env.namespace)] += 1
 
     sub = await bus.nc.subscribe(">", cb=count)
-    before = await settled_transactions(env, databases)
+    before = await settled_transactions(env, databases, quiet=settle)
     counting = True
     await timed(n, 1, client.turn)
     await asyncio.sleep(1.0)  # background work of these turns ends
     counting = False
     await sub.unsubscribe()
-    after = await settled_transactions(env, databases)
+    after = await settled_transactions(env, databases, quiet=settle)
     per_turn = {kind: round(count / n, 2) for kind, count in sorted(kinds.items())}
     model_calls = sum(v for k, v in per_turn.items() if k.startswith("model "))
     round_trips = model_calls + sum(
@@ -237,7 +240,7 @@ async def main(args: argparse.Namespace) -> None:
                 f"turns, 1 replica, {args.in_flight} in flight",
                 groups,
             )
-            counted = await census(env, bus, client, args.census, gateway_database)
+            counted = await census(env, bus, client, args.census, gateway_database, args.settle)
             for i in (2, 3):
                 runtimes.append(service_process("parley_runtime", env, settings, f"runtime-{i}").start())
             for runtime in runtimes[1:]:
@@ -334,4 +337,11 @@ if __name__ == "__main__":
     parser.add_argument("--in-flight", type=int, default=64)
     parser.add_argument("--census", type=int, default=200)
     parser.add_argument("--floor-n", type=int, default=300)
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=11.0,
+        help="seconds the statement counters must stay still around the census (a shorter wait,"
+        " for a smoke run, may count a backend's statements late)",
+    )
     asyncio.run(main(parser.parse_args()))

@@ -9,6 +9,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+import uvloop
+
 from .errors import ParleyError
 from .logging import configure, get_logger
 from .settings import Settings
@@ -78,4 +80,7 @@ def run_app(service: str, make_app: Callable[[], tuple[App, Settings]]) -> int:
         log.info("stopped", service=service)
         return 0
 
-    return asyncio.run(main())
+    # uvloop: the libuv event loop spends less per callback, socket read and timer than asyncio's own,
+    # and a service's hot path is mostly those (docs/performance.md measures it).
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main())

@@ -47,6 +47,8 @@ class RpcServer:
         self._subs: list[Any] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(max_concurrency)
+        # The histogram's child per (method, outcome), found once: ``labels`` locks and hashes.
+        self._observers: dict[tuple[str, str], Any] = {}
 
     def register(
         self, method: str, request_type: type[Req], handler: Callable[[Req], Awaitable[Message]]
@@ -106,9 +108,15 @@ class RpcServer:
             await self._reply(msg, err.to_proto().SerializeToString(), "error")
         finally:
             if self.metrics:
-                self.metrics.rpc.labels(f"{self.service}.{method}", outcome).observe(
-                    time.perf_counter() - started
-                )
+                self._observer(method, outcome).observe(time.perf_counter() - started)
+
+    def _observer(self, method: str, outcome: str) -> Any:
+        observer = self._observers.get((method, outcome))
+        if observer is None:
+            assert self.metrics is not None
+            observer = self.metrics.rpc.labels(f"{self.service}.{method}", outcome)
+            self._observers[(method, outcome)] = observer
+        return observer
 
     async def _reply(self, msg: Msg, data: bytes, status: str) -> None:
         if not msg.reply:

@@ -54,12 +54,23 @@ INTERACTION_STATES: dict[InteractionState, authz_pb2.InteractionConfirmationStat
 }
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def field_names(cls: Any) -> tuple[str, ...]:
+    """A dataclass's field names, looked up once per class (``fields`` walks the class each call)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
 @dataclass(frozen=True)
 class Record:
     @classmethod
     def from_row(cls, row: Mapping[str, Any], prefix: str = "") -> Self:
         """The record of a result row whose columns are its fields' names after ``prefix``."""
-        return cls(**{f.name: row[prefix + f.name] for f in fields(cls)})
+        return cls(**{name: row[prefix + name] for name in field_names(cls)})
 
 
 # ----- 1. tool-call decisions -------------------------------------------------------------

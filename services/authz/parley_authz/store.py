@@ -7,7 +7,6 @@ record it returns, or what it saw instead, comes back as a record of ``model``.
 from __future__ import annotations
 
 import uuid
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ from .model import (
     SnapshotPut,
     ToolCall,
     Verdict,
+    field_names,
 )
 
 SQL_DIR = Path(__file__).parent / "sql"
@@ -51,7 +51,7 @@ Q = load_queries(SQL_DIR / "queries.sql")
 
 def params(record: Any) -> dict[str, Any]:
     """A record's fields as the named parameters of a query (shallow, unlike ``asdict``)."""
-    return {f.name: getattr(record, f.name) for f in fields(record)}
+    return {name: getattr(record, name) for name in field_names(type(record))}
 
 
 class AuthzStore:

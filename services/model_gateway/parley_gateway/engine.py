@@ -9,7 +9,7 @@ import contextlib
 import random
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -267,10 +267,10 @@ class Engine:
     def providers(self) -> list[Protected]:
         return list({id(p.provider): p for p in self.routes.values()}.values())
 
-    def _prepare(self, call: Call) -> tuple[ProviderRequest, int]:
+    def _prepare(self, call: Call) -> tuple[int, int]:
+        """The call's output budget, and the tokens to reserve for it."""
         output = call.request.max_tokens or self.default_max_tokens
-        request = replace(call.request, max_tokens=output)
-        return request, estimate_tokens(request.system + request.prompt) + output
+        return output, estimate_tokens(call.request.system + call.request.prompt) + output
 
     def _count(
         self, protected: Protected, call: Call, model: str, completion: Completion, elapsed: float
@@ -294,7 +294,7 @@ class Engine:
     async def generate(self, call: Call) -> Result:
         protected = self.route(call.request.model_type)
         provider = protected.provider
-        request, reserve = self._prepare(call)
+        output, reserve = self._prepare(call)
         started = time.perf_counter()
         hold: Hold | None = None
         try:
@@ -306,7 +306,9 @@ class Engine:
                     inflight.inc()
                     try:
                         return await provider.generate(
-                            replace(request, timeout=min(remaining, self.provider_timeout))
+                            call.request.bounded(
+                                max_tokens=output, timeout=min(remaining, self.provider_timeout)
+                            )
                         )
                     finally:
                         inflight.dec()
@@ -335,7 +337,7 @@ class Engine:
         is retried like any generation; after it, the caller has seen text and the error is final."""
         protected = self.route(call.request.model_type)
         provider = protected.provider
-        request, reserve = self._prepare(call)
+        output, reserve = self._prepare(call)
         started = time.perf_counter()
         hold: Hold | None = None
         completion: Completion | None = None
@@ -351,7 +353,7 @@ class Engine:
                         self.metrics.inflight.labels(provider.name).inc()
                         try:
                             async for item in provider.stream(
-                                replace(request, timeout=self.provider_timeout)
+                                call.request.bounded(max_tokens=output, timeout=self.provider_timeout)
                             ):
                                 if isinstance(item, Completion):
                                     completion = item

@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -30,11 +29,15 @@ class Limiter:
         self.limit = limit
         self.queue_limit = queue_limit
         self._slots = asyncio.Semaphore(limit)
+        self._slot = _Slot(self)
         self.inflight = 0
         self.queued = 0
 
-    @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
+    def slot(self) -> _Slot:
+        """``async with limiter.slot():`` holds one of the slots while the call runs."""
+        return self._slot
+
+    async def acquire(self) -> None:
         if self._slots.locked():
             if self.queued >= self.queue_limit:
                 raise errors.PROVIDER_BUSY(
@@ -48,11 +51,25 @@ class Limiter:
         else:
             await self._slots.acquire()
         self.inflight += 1
-        try:
-            yield
-        finally:
-            self.inflight -= 1
-            self._slots.release()
+
+    def release(self) -> None:
+        self.inflight -= 1
+        self._slots.release()
+
+
+class _Slot:
+    """The limiter's slot as an async context manager. A plain class, not ``@asynccontextmanager``:
+    a generator per call cost the gateway's hot path more than the semaphore itself. It holds no
+    state of its own, so every call shares one."""
+
+    def __init__(self, limiter: Limiter) -> None:
+        self.limiter = limiter
+
+    async def __aenter__(self) -> None:
+        await self.limiter.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.limiter.release()
 
 
 class CircuitBreaker:

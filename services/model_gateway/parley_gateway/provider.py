@@ -36,6 +36,21 @@ class ProviderRequest:
     # Seconds the provider may spend on this call (the caller's remaining deadline).
     timeout: float = 60.0
 
+    def bounded(self, *, max_tokens: int, timeout: float) -> ProviderRequest:
+        """This request with its output budget and time limit. Built field by field: on the gateway's
+        hot path ``dataclasses.replace`` cost more than the rest of the request's handling."""
+        return ProviderRequest(
+            model_type=self.model_type,
+            prompt=self.prompt,
+            system=self.system,
+            segments=self.segments,
+            temperature=self.temperature,
+            max_tokens=max_tokens,
+            stop=self.stop,
+            grammar=self.grammar,
+            timeout=timeout,
+        )
+
     def ordered_segments(self) -> list[Segment]:
         """Stable segments first, then the rest, each group in its own order.
 

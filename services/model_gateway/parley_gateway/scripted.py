@@ -80,6 +80,9 @@ def load_rules(path: Path) -> list[Rule]:
     return rules
 
 
+_PLACE = re.compile(r"\{(\w+)\}")
+
+
 def _fill(template: str, groups: dict[str, str | None]) -> str:
     """Put the rule's named groups in ``{name}`` places; other braces stay as written (JSON answers)."""
 
@@ -87,7 +90,7 @@ def _fill(template: str, groups: dict[str, str | None]) -> str:
         name = match.group(1)
         return (groups.get(name) or "") if name in groups else match.group(0)
 
-    return re.sub(r"\{(\w+)\}", value, template)
+    return _PLACE.sub(value, template)
 
 
 class _Missing(dict[str, Any]):

@@ -122,6 +122,12 @@ def _page(request: pairing_pb2.ListPendingRequestsPageRequest | pairing_pb2.GetA
     )
 
 
+def _instant(micros: int) -> dict[str, int]:
+    """A Timestamp's fields from epoch microseconds (protobuf builds it from the dict in C)."""
+    seconds, fraction = divmod(micros, 1_000_000)
+    return {"seconds": seconds, "nanos": fraction * 1000}
+
+
 def _copy_page(
     page: common_pb2.PageResponse,
     response: pairing_pb2.ListPendingRequestsPageResponse | pairing_pb2.GetAllowlistPageResponse,
@@ -233,8 +239,24 @@ class PairingApi:
         agent_id = domain.agent_uuid(request.agent_id)
         channel = domain.channel_name(request.channel)
         page = _page(request)
-        items, cut_page = cut(page, await self.store.pending_page(agent_id, channel, page))
-        response = pairing_pb2.ListPendingRequestsPageResponse(items=[request_pb(item) for item in items])
+        listed, cut_page = cut(page, await self.store.pending_page(agent_id, channel, page))
+        response = pairing_pb2.ListPendingRequestsPageResponse()
+        # Each item is built in place (a list handed to the constructor is copied item by item),
+        # with the fields every item shares converted once.
+        agent, items = str(agent_id), response.items
+        for item in listed:
+            added = items.add(
+                id=item.id,
+                agent_id=agent,
+                channel=channel,
+                sender_id=item.sender_id,
+                code=item.code,
+                created_at=_instant(item.created_us),
+                last_seen_at=_instant(item.last_seen_us),
+                expires_at=_instant(item.expires_us),
+            )
+            if item.metadata:
+                added.metadata.update(item.metadata)
         _copy_page(cut_page, response)
         return response
 
@@ -245,7 +267,19 @@ class PairingApi:
         agent_id = domain.agent_uuid(request.agent_id)
         channel = domain.channel_name(request.channel)
         page = _page(request)
-        items, cut_page = cut(page, await self.store.allowlist_page(agent_id, channel, page))
-        response = pairing_pb2.GetAllowlistPageResponse(items=[entry_pb(item) for item in items])
+        listed, cut_page = cut(page, await self.store.allowlist_page(agent_id, channel, page))
+        response = pairing_pb2.GetAllowlistPageResponse()
+        agent, items = str(agent_id), response.items
+        for entry in listed:
+            added = items.add(
+                id=entry.id,
+                agent_id=agent,
+                channel=channel,
+                sender_id=entry.sender_id,
+                created_at=_instant(entry.created_us),
+                added_by=entry.added_by,
+            )
+            if entry.metadata:
+                added.metadata.update(entry.metadata)
         _copy_page(cut_page, response)
         return response

@@ -129,6 +129,32 @@ class AllowEntry:
     metadata: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class RequestListing:
+    """A pending request as a page lists it, in the form the page statement returns: the id as
+    text, instants in microseconds since the epoch, no metadata as None. A page holds up to 1000 of
+    them, and conversions per field would cost more than the statement (docs/performance.md)."""
+
+    id: str
+    sender_id: str
+    code: str
+    created_us: int
+    last_seen_us: int
+    expires_us: int
+    metadata: dict[str, str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class EntryListing:
+    """An allowlist entry as a page lists it (see ``RequestListing``)."""
+
+    id: str
+    sender_id: str
+    added_by: str
+    created_us: int
+    metadata: dict[str, str] | None
+
+
 class UpsertOutcome(StrEnum):
     CREATED = "created"  # a new pending request, with a new code
     EXISTING = "existing"  # the sender's live request, seen again

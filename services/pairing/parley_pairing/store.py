@@ -15,7 +15,15 @@ from parley_platform.postgres import Database, Row, load_queries
 
 from . import errors
 from .connectors import Connector
-from .domain import AllowEntry, PendingRequest, Upserted, UpsertOutcome, new_code
+from .domain import (
+    AllowEntry,
+    EntryListing,
+    PendingRequest,
+    RequestListing,
+    Upserted,
+    UpsertOutcome,
+    new_code,
+)
 
 SQL_DIR = Path(__file__).parent / "sql"
 MIGRATIONS_DIR = SQL_DIR / "migrations"
@@ -160,7 +168,7 @@ class PairingStore:
         assert row is not None
         return bool(row["claimed"]), row["code"]
 
-    async def pending_page(self, agent_id: uuid.UUID, channel: str, page: Page) -> list[PendingRequest]:
+    async def pending_page(self, agent_id: uuid.UUID, channel: str, page: Page) -> list[RequestListing]:
         rows = await self.db.fetchall(
             Q["pending_page"],
             {
@@ -172,15 +180,15 @@ class PairingStore:
             },
             what="list pending requests",
         )
-        return [self._request_from_row(agent_id, channel, row["sender_id"], row) for row in rows]
+        return [RequestListing(**row) for row in rows]
 
-    async def allowlist_page(self, agent_id: uuid.UUID, channel: str, page: Page) -> list[AllowEntry]:
+    async def allowlist_page(self, agent_id: uuid.UUID, channel: str, page: Page) -> list[EntryListing]:
         rows = await self.db.fetchall(
             Q["allowlist_page"],
             {"agent_id": agent_id, "channel": channel, "limit": page.fetch, "offset": page.offset},
             what="list allowlist",
         )
-        return [self._entry_from_row(agent_id, channel, row["sender_id"], row) for row in rows]
+        return [EntryListing(**row) for row in rows]
 
     async def purge(self, batch: int) -> tuple[int, int]:
         """Delete expired requests and reply claims; returns how many of each."""

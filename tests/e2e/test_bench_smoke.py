@@ -1,0 +1,130 @@
+"""Every benchmark runs at a tiny size and prints its summary: ``make bench`` cannot rot unnoticed.
+
+Each ``bench/*.py`` runs as its own process with tiny arguments against this session's NATS and
+PostgreSQL (its own database and namespace, as in ``make bench``). The sizes say nothing about
+performance; what is checked is that the benchmark completes, that its last line is its JSON
+summary, and that the figures it exists to report are there and are numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from parley_devinfra import infra
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+# script -> (tiny arguments, the summary's keys that must be numbers, the keys that must be present)
+RUNS: dict[str, tuple[list[str], set[str], set[str]]] = {
+    "authz.py": (
+        ["--sequential", "30", "--concurrent", "60", "--clients", "4"],
+        {
+            "decide_nats_4_ratio_to_sql",
+            "authorize_nats_4_ratio_to_sql",
+            "decide_grpc_4_ratio_to_sql",
+            "authorize_grpc_4_ratio_to_sql",
+            "decide_nats_1_ratio_to_sql",
+            "floor_nats_4_per_s",
+        },
+        {"series", "floors"},
+    ),
+    "confirmations.py": (
+        ["--approvals", "10", "--in-flight", "4"],
+        {"ratio_to_floor", "floor_approval_p50_ms"},
+        {"approval_sequential", "approval_concurrent"},
+    ),
+    "custom_actions.py": (
+        ["--http", "10", "--spawn", "2", "--sql", "20"],
+        {
+            "http_ratio_to_floor",
+            "code_ratio_to_floor",
+            "shell_ratio_to_floor",
+            "revision_check_ratio_to_floor",
+        },
+        set(),
+    ),
+    "documents.py": (
+        ["--queries", "3", "--documents", "20"],
+        {"operator_p50_ratio_to_floor", "stranger_p50_ratio_to_floor", "member_p50_ratio_to_floor"},
+        {"floor", "authorized", "hits"},
+    ),
+    "model_gateway.py": (
+        ["--sequential", "50", "--concurrent", "100", "--in-flight", "8", "--local-prompts", "1"],
+        {"overhead_ratio_p50_sequential", "throughput_ratio_concurrent"},
+        {"packing", "local_model"},
+    ),
+    "pairing.py": (
+        ["--rows", "300", "--pages", "10", "--upserts", "40", "--clients", "4", "--replicas", "1"],
+        {"first_page_p99_ms_max", "upsert_ratio_to_raw_upsert_sql", "upserts_per_s"},
+        {"pages", "upserts"},
+    ),
+    "scheduler.py": (
+        ["--tasks", "100", "--concurrency", "4", "--lag-tasks", "20", "--lag-rate", "100"],
+        {
+            "ratio_to_procrastinate_1",
+            "ratio_to_pgqueuer_1",
+            "ratio_to_procrastinate_2",
+            "ratio_to_pgqueuer_2",
+            "ratio_to_floor_claim_1",
+            "lag_p99_ms",
+        },
+        {"parley_1_replica", "pgqueuer_1_process", "procrastinate_1_process"},
+    ),
+    "turn_latency.py": (
+        ["--sequential", "10", "--concurrent", "20", "--in-flight", "8"],
+        {"ratio_to_floor", "throughput_ratio_to_floor"},
+        {"turn_sequential", "turn_concurrent", "floor"},
+    ),
+    "turn_throughput.py": (
+        ["--turns", "30", "--in-flight", "8", "--census", "10", "--floor-n", "20", "--settle", "0.5"],
+        {"ratio_3_replicas_to_floor", "ratio_1_replica_to_floor", "sql_statements_per_turn"},
+        {"turns_1_replica", "turns_3_replicas", "round_trips_per_turn"},
+    ),
+}
+
+
+def test_every_benchmark_has_a_smoke_run() -> None:
+    scripts = {path.name for path in BENCH.glob("*.py") if not path.name.startswith("_")}
+    assert scripts == set(RUNS), "a benchmark without tiny arguments here is never run by make test"
+
+
+@pytest.mark.parametrize("script", sorted(RUNS))
+def test_benchmark_completes_at_a_tiny_size(script: str, endpoints: infra.Endpoints, tmp_path: Path) -> None:
+    arguments, numbers, present = RUNS[script]
+    env = {
+        **os.environ,
+        "PARLEY_TEST_NATS_URL": endpoints.nats_url,
+        "PARLEY_TEST_DATABASE_URL": endpoints.database_url,
+        # The benchmark's logs and scratch files land in this test's directory.
+        "TMPDIR": str(tmp_path),
+    }
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), *arguments],
+        env=env,
+        cwd=BENCH.parent,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    output = f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, output
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    assert lines, output
+    summary = json.loads(lines[-1])
+    assert summary["benchmark"] == script.removesuffix(".py")
+    assert not (numbers | present) - summary.keys(), output
+    for key in numbers:
+        value = summary[key]
+        assert isinstance(value, int | float), f"{key} = {value!r}"
+        assert math.isfinite(value), f"{key} = {value!r}"
+        assert value > 0, f"{key} = {value!r}"
