@@ -230,6 +230,124 @@ class OutboundMessage(_message.Message):
 Global___OutboundMessage: _TypeAlias = OutboundMessage  # noqa: Y015
 
 @_typing.final
+class StreamChunk(_message.Message):
+    """Published by the runtime on core NATS <ns>.stream.<agent_id>.<source> while a reply is
+    generated: the text of the reply's <text> element only (never thoughts, tags or action names).
+    Best effort: the complete reply still goes durably to the OUTBOUND stream as an
+    OutboundMessage with the same response_id; concatenating every delta of a completed stream in
+    sequence order gives that reply's text.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    RESPONSE_ID_FIELD_NUMBER: _builtins.int
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    IN_REPLY_TO_FIELD_NUMBER: _builtins.int
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
+    FINAL_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    source: _builtins.str
+    turn_id: _builtins.str
+    response_id: _builtins.str
+    """the OutboundMessage.response_id the complete reply will carry"""
+    channel_id: _builtins.str
+    in_reply_to: _builtins.str
+    """the connector's message_id being answered"""
+    sequence: _builtins.int
+    """1, 2, 3, ... within one response_id"""
+    delta: _builtins.str
+    """text to append"""
+    final: _builtins.bool
+    """the last chunk of this response_id (delta may be empty)"""
+    outcome: _builtins.str
+    """on the final chunk: completed, superseded, cancelled or failed"""
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        source: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
+        response_id: _builtins.str = ...,
+        channel_id: _builtins.str = ...,
+        in_reply_to: _builtins.str = ...,
+        sequence: _builtins.int = ...,
+        delta: _builtins.str = ...,
+        final: _builtins.bool = ...,
+        outcome: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "channel_id", b"channel_id", "delta", b"delta", "final", b"final", "in_reply_to", b"in_reply_to", "outcome", b"outcome", "response_id", b"response_id", "sequence", b"sequence", "source", b"source", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamChunk: _TypeAlias = StreamChunk  # noqa: Y015
+
+@_typing.final
+class CancelTurnRequest(_message.Message):
+    """CancelTurn over gRPC and NATS; connectors publish it on <ns>.cancel.<agent_id>.<source>
+    (the subject's source wins over the field). Name the turn by turn_id, or by the connector's
+    message_id of the message that started it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    turn_id: _builtins.str
+    source: _builtins.str
+    message_id: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
+        source: _builtins.str = ...,
+        message_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "message_id", b"message_id", "reason", b"reason", "source", b"source", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelTurnRequest: _TypeAlias = CancelTurnRequest  # noqa: Y015
+
+@_typing.final
+class CancelTurnResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CANCELLED_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    cancelled: _builtins.bool
+    """false: the turn had already finished (or was never running here)"""
+    turn_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        cancelled: _builtins.bool = ...,
+        turn_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelTurnResponse: _TypeAlias = CancelTurnResponse  # noqa: Y015
+
+@_typing.final
 class Event(_message.Message):
     """Published on parley.events.<agent_id>.<type>."""
 
