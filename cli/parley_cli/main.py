@@ -19,6 +19,7 @@ from parley_platform.errors import InvalidArgument, ParleyError
 from . import (
     actions_commands,
     authz_commands,
+    autonomy_commands,
     client,
     common,
     config,
@@ -48,6 +49,7 @@ for module_app in (
     actions_commands.app,
     authz_commands.app,
     authz_commands.leases,
+    autonomy_commands.app,
     connectors_commands.app,
     documents_commands.app,
     models_commands.app,
@@ -191,7 +193,7 @@ async def turns(
     if turn:
         found = await client.runtime("GetTurn", runtime_pb2.GetTurnRequest(agent_id=agent, turn_id=turn))
         reason = f" ({found.reason})" if found.reason else ""
-        print(f"turn {found.id}: {found.state}{reason}, {found.attempts} attempt(s)")
+        print(f"turn {found.id} ({found.origin}): {found.state}{reason}, {found.attempts} attempt(s)")
         if found.error:
             print(f"error: {found.error}")
         if found.trajectory_json:
@@ -204,8 +206,8 @@ async def turns(
         "ListTurns", runtime_pb2.ListTurnsRequest(agent_id=agent, room_id=room, page=page)
     )
     common.table(
-        ["RECEIVED", "ID", "STATE", "REASON"],
-        [[common.when(t.received_at), t.id, t.state, t.reason] for t in reply.turns],
+        ["RECEIVED", "ID", "STATE", "REASON", "ORIGIN"],
+        [[common.when(t.received_at), t.id, t.state, t.reason, t.origin] for t in reply.turns],
         common.next_offset(reply.page),
     )
 

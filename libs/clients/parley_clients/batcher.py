@@ -9,6 +9,7 @@ this module registers sections over NATS RPC and hands their results back:
 - ``on_drain``: a section answered at every drain until disposed; the returned future resolves with
   the first result, ``on_result`` is called with every one.
 - ``think``: a recurring section (autonomy), at most once per ``min_cycle_ms``, results to ``on_result``.
+- ``listen`` / ``forget``: hand a section's results to a callback, or stop, whoever registered it.
 - ``dispose``: removes every section this client registered and fails whatever still waits.
 
 Results travel on ``<ns>.model.batcher.result.<agent_id>.<section_id>`` (core NATS).
@@ -270,6 +271,17 @@ class BatcherClient:
             return False
         self._first.pop(id, None)
         return True
+
+    async def listen(self, id: str, on_result: OnResult) -> None:
+        """Hand every result of section ``id`` to ``on_result``, whoever registered it: a section
+        registered under a shared owner by another process (``think`` returned False)."""
+        await self._ensure_subscribed()
+        self._callbacks[id] = on_result
+
+    def forget(self, id: str) -> None:
+        """Stop handing the results of section ``id`` to its callback (the section stays registered)."""
+        self._callbacks.pop(id, None)
+        self._first.pop(id, None)
 
     async def dispose(self) -> int:
         """Remove this client's sections from the gateway and fail every wait still open."""

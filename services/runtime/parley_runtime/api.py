@@ -18,6 +18,7 @@ from parley_platform.paging import cut, page_of
 
 from . import errors
 from .agents.directory import AgentDirectory, AgentInfo
+from .autonomy.service import Autonomy
 from .character import parse_character
 from .names import ROOM_TYPE_VALUES
 from .records import TurnRecord
@@ -60,7 +61,9 @@ class RuntimeApi:
         directory: AgentDirectory,
         waiters: ReplyWaiters,
         embed: Callable[[Sequence[str], uuid.UUID], Awaitable[list[list[float]]]],
+        autonomy: Autonomy,
     ) -> None:
+        self.autonomy = autonomy
         self.store = store
         self.bus = bus
         self.directory = directory
@@ -245,6 +248,12 @@ class RuntimeApi:
         ]
         return runtime_pb2.ListMemoriesResponse(memories=memories, page=page_response)
 
+    async def SetAutonomy(self, request: runtime_pb2.SetAutonomyRequest) -> runtime_pb2.AutonomyStatus:
+        return await self.autonomy.set(await self.find_agent(request.agent_id), request.enabled)
+
+    async def GetAutonomy(self, request: runtime_pb2.GetAutonomyRequest) -> runtime_pb2.AutonomyStatus:
+        return await self.autonomy.status(await self.find_agent(request.agent_id))
+
 
 def _turn(agent: AgentInfo, record: TurnRecord) -> runtime_pb2.Turn:
     return runtime_pb2.Turn(
@@ -260,4 +269,5 @@ def _turn(agent: AgentInfo, record: TurnRecord) -> runtime_pb2.Turn:
         received_at=timestamp(record.received_at),
         started_at=timestamp(record.started_at),
         finished_at=timestamp(record.finished_at),
+        origin=record.origin,
     )

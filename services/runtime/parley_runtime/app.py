@@ -26,6 +26,8 @@ from .agents.custom_store import CustomActionStore
 from .agents.directory import AgentDirectory
 from .agents.plugin_services import PluginServices
 from .api import API_SOURCE, ReplyWaiters, RuntimeApi
+from .autonomy.service import Autonomy, Defaults
+from .autonomy.store import AutonomyStore
 from .character import load_characters
 from .config import RuntimeSettings
 from .custom.executor import CustomActionSettings, Executor, load_config_file
@@ -139,8 +141,20 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
     directory.connect(announce)
     await bus.subscribe(changes, on_change)
     registry = custom_actions(s, CustomActionStore(host.db), directory)
+    autonomy = Autonomy(
+        store=AutonomyStore(host.db),
+        bus=bus,
+        directory=directory,
+        inbox=ports.inbox,
+        registry=host.registry,
+        defaults=Defaults(s.autonomy_interval_ms, s.autonomy_model_size),
+        stale_seconds=s.ack_wait_seconds,
+        timeout=s.model_timeout_seconds,
+    )
     host.serve(
-        RuntimeApi(store=store, bus=bus, directory=directory, waiters=waiters, embed=model.embed),
+        RuntimeApi(
+            store=store, bus=bus, directory=directory, waiters=waiters, embed=model.embed, autonomy=autonomy
+        ),
         runtime_pb2,
         "Runtime",
     )
@@ -152,6 +166,7 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
     )
 
     host.component("plugin services", PluginServices(directory))
+    host.component("autonomy", autonomy)
     host.component(
         "consumer",
         PullConsumer(

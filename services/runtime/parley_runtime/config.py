@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr
 
 from parley_platform.settings import Settings
 
@@ -37,3 +37,12 @@ class RuntimeSettings(Settings):
     custom_actions_shell: bool = False
     custom_actions_code: bool = False
     custom_actions_allow_hosts: str = ""
+    # Autonomy (parley_runtime/autonomy), for agents whose character does not set them: the think
+    # interval (clamped to 5,000-600,000 ms; malformed or unset is 30,000) and the model size
+    # (small or large; anything else is large). Read as given: the autonomy policy validates them.
+    autonomy_interval_ms: str | None = Field(
+        default=None, validation_alias=AliasChoices("AUTONOMY_INTERVAL_MS", "PARLEY_AUTONOMY_INTERVAL_MS")
+    )
+    autonomy_model_size: str | None = Field(
+        default=None, validation_alias=AliasChoices("AUTONOMY_MODEL_SIZE", "PARLEY_AUTONOMY_MODEL_SIZE")
+    )

@@ -34,6 +34,7 @@ class NewMessage:
     history: int  # how many recent messages of the room to return
     sender_role: str | None
     reply_to_id: uuid.UUID | None
+    origin: str = "user"  # who started the turn: user, continuation or autonomous
 
 
 @dataclass(frozen=True)
@@ -221,6 +222,7 @@ class TurnRecord:
     started_at: datetime | None
     finished_at: datetime | None
     trajectory: dict[str, Any] | None = None
+    origin: str = "user"
 
     @classmethod
     def from_row(cls, row: Row) -> TurnRecord:
@@ -237,6 +239,7 @@ class TurnRecord:
             row.get("started_at"),
             row.get("finished_at"),
             row.get("trajectory"),
+            row.get("origin") or "user",
         )
 
 

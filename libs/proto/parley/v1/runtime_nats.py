@@ -55,3 +55,13 @@ class RuntimeClient(NatsClient):
         self, request: runtime_pb2.GetTurnRequest, *, timeout: float | None = None
     ) -> runtime_pb2.Turn:
         return await self._call("GetTurn", request, runtime_pb2.Turn, timeout)
+
+    async def SetAutonomy(
+        self, request: runtime_pb2.SetAutonomyRequest, *, timeout: float | None = None
+    ) -> runtime_pb2.AutonomyStatus:
+        return await self._call("SetAutonomy", request, runtime_pb2.AutonomyStatus, timeout)
+
+    async def GetAutonomy(
+        self, request: runtime_pb2.GetAutonomyRequest, *, timeout: float | None = None
+    ) -> runtime_pb2.AutonomyStatus:
+        return await self._call("GetAutonomy", request, runtime_pb2.AutonomyStatus, timeout)

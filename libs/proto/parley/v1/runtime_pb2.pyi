@@ -886,6 +886,7 @@ class Turn(_message.Message):
     STARTED_AT_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     TRAJECTORY_JSON_FIELD_NUMBER: _builtins.int
+    ORIGIN_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """the inbound message memory's id"""
     agent_id: _builtins.str
@@ -901,6 +902,10 @@ class Turn(_message.Message):
     trajectory_json: _builtins.str
     """With trajectory logging on: providers, prompt segments, raw model output, actions with
     parameters and results, evaluator results; JSON, secrets redacted.
+    """
+    origin: _builtins.str
+    """Who started it: user (a connector's message), continuation (after confirmations) or
+    autonomous (the agent's autonomy loop; only the runtime can start one).
     """
     @_builtins.property
     def received_at(self) -> _timestamp_pb2.Timestamp: ...
@@ -924,10 +929,11 @@ class Turn(_message.Message):
         started_at: _timestamp_pb2.Timestamp | None = ...,
         finished_at: _timestamp_pb2.Timestamp | None = ...,
         trajectory_json: _builtins.str = ...,
+        origin: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["finished_at", b"finished_at", "received_at", b"received_at", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "attempts", b"attempts", "error", b"error", "finished_at", b"finished_at", "id", b"id", "reason", b"reason", "received_at", b"received_at", "response_id", b"response_id", "room_id", b"room_id", "started_at", b"started_at", "state", b"state", "stream_sequence", b"stream_sequence", "trajectory_json", b"trajectory_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "attempts", b"attempts", "error", b"error", "finished_at", b"finished_at", "id", b"id", "origin", b"origin", "reason", b"reason", "received_at", b"received_at", "response_id", b"response_id", "room_id", b"room_id", "started_at", b"started_at", "state", b"state", "stream_sequence", b"stream_sequence", "trajectory_json", b"trajectory_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1005,3 +1011,94 @@ class GetTurnRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetTurnRequest: _TypeAlias = GetTurnRequest  # noqa: Y015
+
+@_typing.final
+class SetAutonomyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    ENABLED_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    """id or name"""
+    enabled: _builtins.bool
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        enabled: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "enabled", b"enabled"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetAutonomyRequest: _TypeAlias = SetAutonomyRequest  # noqa: Y015
+
+@_typing.final
+class GetAutonomyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    """id or name"""
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetAutonomyRequest: _TypeAlias = GetAutonomyRequest  # noqa: Y015
+
+@_typing.final
+class AutonomyStatus(_message.Message):
+    """An agent's autonomy loop: whether it thinks on its own, how often and with which model."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    ENABLED_FIELD_NUMBER: _builtins.int
+    DECIDED_BY_FIELD_NUMBER: _builtins.int
+    INTERVAL_MS_FIELD_NUMBER: _builtins.int
+    MODEL_SIZE_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    TURNS_FIELD_NUMBER: _builtins.int
+    LAST_TURN_AT_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    enabled: _builtins.bool
+    decided_by: _builtins.str
+    """operator (parley autonomy on|off) or character (AUTONOMY_ENABLED)"""
+    interval_ms: _builtins.int
+    """AUTONOMY_INTERVAL_MS, clamped to 5,000-600,000 (default 30,000)"""
+    model_size: _builtins.str
+    """AUTONOMY_MODEL_SIZE: small or large (default large)"""
+    generation: _builtins.int
+    """raised by every switch from off to on"""
+    turns: _builtins.int
+    """autonomous turns recorded for the agent"""
+    @_builtins.property
+    def last_turn_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        enabled: _builtins.bool = ...,
+        decided_by: _builtins.str = ...,
+        interval_ms: _builtins.int = ...,
+        model_size: _builtins.str = ...,
+        generation: _builtins.int = ...,
+        turns: _builtins.int = ...,
+        last_turn_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_turn_at", b"last_turn_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "decided_by", b"decided_by", "enabled", b"enabled", "generation", b"generation", "interval_ms", b"interval_ms", "last_turn_at", b"last_turn_at", "model_size", b"model_size", "turns", b"turns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AutonomyStatus: _TypeAlias = AutonomyStatus  # noqa: Y015

@@ -79,6 +79,16 @@ class RuntimeStub:
                 request_serializer=parley_dot_v1_dot_runtime__pb2.GetTurnRequest.SerializeToString,
                 response_deserializer=parley_dot_v1_dot_runtime__pb2.Turn.FromString,
                 _registered_method=True)
+        self.SetAutonomy = channel.unary_unary(
+                '/parley.v1.Runtime/SetAutonomy',
+                request_serializer=parley_dot_v1_dot_runtime__pb2.SetAutonomyRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_runtime__pb2.AutonomyStatus.FromString,
+                _registered_method=True)
+        self.GetAutonomy = channel.unary_unary(
+                '/parley.v1.Runtime/GetAutonomy',
+                request_serializer=parley_dot_v1_dot_runtime__pb2.GetAutonomyRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_runtime__pb2.AutonomyStatus.FromString,
+                _registered_method=True)
 
 
 class RuntimeServicer:
@@ -138,6 +148,18 @@ class RuntimeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetAutonomy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetAutonomy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RuntimeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +207,16 @@ def add_RuntimeServicer_to_server(servicer, server):
                     servicer.GetTurn,
                     request_deserializer=parley_dot_v1_dot_runtime__pb2.GetTurnRequest.FromString,
                     response_serializer=parley_dot_v1_dot_runtime__pb2.Turn.SerializeToString,
+            ),
+            'SetAutonomy': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetAutonomy,
+                    request_deserializer=parley_dot_v1_dot_runtime__pb2.SetAutonomyRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_runtime__pb2.AutonomyStatus.SerializeToString,
+            ),
+            'GetAutonomy': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAutonomy,
+                    request_deserializer=parley_dot_v1_dot_runtime__pb2.GetAutonomyRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_runtime__pb2.AutonomyStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -430,6 +462,60 @@ class Runtime:
             '/parley.v1.Runtime/GetTurn',
             parley_dot_v1_dot_runtime__pb2.GetTurnRequest.SerializeToString,
             parley_dot_v1_dot_runtime__pb2.Turn.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetAutonomy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.Runtime/SetAutonomy',
+            parley_dot_v1_dot_runtime__pb2.SetAutonomyRequest.SerializeToString,
+            parley_dot_v1_dot_runtime__pb2.AutonomyStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAutonomy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.Runtime/GetAutonomy',
+            parley_dot_v1_dot_runtime__pb2.GetAutonomyRequest.SerializeToString,
+            parley_dot_v1_dot_runtime__pb2.AutonomyStatus.FromString,
             options,
             channel_credentials,
             insecure,

@@ -40,6 +40,8 @@ class RuntimeStub:
     SearchMemories: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.SearchMemoriesRequest, _runtime_pb2.SearchMemoriesResponse]
     ListTurns: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.ListTurnsRequest, _runtime_pb2.ListTurnsResponse]
     GetTurn: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.GetTurnRequest, _runtime_pb2.Turn]
+    SetAutonomy: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.SetAutonomyRequest, _runtime_pb2.AutonomyStatus]
+    GetAutonomy: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.GetAutonomyRequest, _runtime_pb2.AutonomyStatus]
 
 @_typing.type_check_only
 class RuntimeAsyncStub(RuntimeStub):
@@ -53,6 +55,8 @@ class RuntimeAsyncStub(RuntimeStub):
     SearchMemories: _aio.UnaryUnaryMultiCallable[_runtime_pb2.SearchMemoriesRequest, _runtime_pb2.SearchMemoriesResponse]  # type: ignore[assignment]
     ListTurns: _aio.UnaryUnaryMultiCallable[_runtime_pb2.ListTurnsRequest, _runtime_pb2.ListTurnsResponse]  # type: ignore[assignment]
     GetTurn: _aio.UnaryUnaryMultiCallable[_runtime_pb2.GetTurnRequest, _runtime_pb2.Turn]  # type: ignore[assignment]
+    SetAutonomy: _aio.UnaryUnaryMultiCallable[_runtime_pb2.SetAutonomyRequest, _runtime_pb2.AutonomyStatus]  # type: ignore[assignment]
+    GetAutonomy: _aio.UnaryUnaryMultiCallable[_runtime_pb2.GetAutonomyRequest, _runtime_pb2.AutonomyStatus]  # type: ignore[assignment]
 
 class RuntimeServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -117,5 +121,19 @@ class RuntimeServicer(metaclass=_abc_1.ABCMeta):
         request: _runtime_pb2.GetTurnRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_pb2.Turn, _abc.Awaitable[_runtime_pb2.Turn]]: ...
+
+    @_abc_1.abstractmethod
+    def SetAutonomy(
+        self,
+        request: _runtime_pb2.SetAutonomyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_pb2.AutonomyStatus, _abc.Awaitable[_runtime_pb2.AutonomyStatus]]: ...
+
+    @_abc_1.abstractmethod
+    def GetAutonomy(
+        self,
+        request: _runtime_pb2.GetAutonomyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_pb2.AutonomyStatus, _abc.Awaitable[_runtime_pb2.AutonomyStatus]]: ...
 
 def add_RuntimeServicer_to_server(servicer: RuntimeServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

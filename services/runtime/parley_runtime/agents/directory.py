@@ -161,6 +161,10 @@ class AgentDirectory:
     async def on_changed(self, agent_id: str) -> None:
         await self.reload(agent_id)
 
+    async def announce(self, agent_id: str) -> None:
+        """Tell every replica (this one too) to reload the agent: something it reads changed."""
+        await self._changed(agent_id)
+
     async def _changed(self, agent_id: str) -> None:
         if self._announce is not None:
             await self._announce(agent_id)

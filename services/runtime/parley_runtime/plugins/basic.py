@@ -3,6 +3,7 @@ muting rooms, the providers that give the model its context, and REFLECTION."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -38,11 +39,24 @@ async def _nothing(ctx: TurnContext, params: dict[str, Any], callback: Callback)
     return ActionResult(True)
 
 
+SOURCE_TARGET = re.compile(r"(?P<source>[A-Za-z0-9_-]{1,64}):(?P<channel>.+)")
+
+
 async def _send_message(ctx: TurnContext, params: dict[str, Any], callback: Callback) -> ActionResult:
+    """A channel of the turn's connector; on an autonomous turn (whose own room no connector
+    serves) ``<source>:<channel>``, a room of any connector of the agent."""
     target = str(params["target"]).strip()
     text = str(params["text"]).strip()
-    await callback(Content(text=text, actions=("SEND_MESSAGE",), target_channel=target))
-    return ActionResult(True, text=text, values={"target": target})
+    source = ""
+    found = SOURCE_TARGET.fullmatch(target) if ctx.is_autonomous else None
+    if found is not None:
+        source, target = found["source"], found["channel"].strip()
+    elif ctx.is_autonomous:
+        return ActionResult(
+            False, error="SEND_MESSAGE from an autonomous turn needs target <source>:<channel>"
+        )
+    await callback(Content(text=text, actions=("SEND_MESSAGE",), target_channel=target, target_source=source))
+    return ActionResult(True, text=text, values={"target": target, "source": source or ctx.message.source})
 
 
 APPROVE = frozenset({"yes", "y", "approve", "approved", "confirm", "ok", "okay", "go", "proceed", "sure"})

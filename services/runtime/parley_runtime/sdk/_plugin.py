@@ -30,6 +30,7 @@ class Content:
     actions: tuple[str, ...] = ()
     thought: str = ""
     target_channel: str = ""  # another channel of the same connector (SEND_MESSAGE)
+    target_source: str = ""  # another connector (SEND_MESSAGE on an autonomous turn)
     attachments: tuple[Mapping[str, str], ...] = ()
 
 

@@ -72,11 +72,13 @@ WITH prev AS (
             %(external_id)s)
     ON CONFLICT DO NOTHING
 ), t AS (
-    INSERT INTO runtime.turn (agent_id, id, room_id, stream_epoch, stream_seq, state, lease_token, started_at)
+    INSERT INTO runtime.turn (agent_id, id, room_id, stream_epoch, stream_seq, state, lease_token, started_at,
+                              origin)
     SELECT %(agent_id)s, %(memory_id)s, %(room_id)s, msg.epoch, msg.seq,
            CASE WHEN (SELECT turn_token FROM r) IS NULL THEN 'superseded' ELSE 'running' END,
            (SELECT turn_token FROM r),
-           CASE WHEN (SELECT turn_token FROM r) IS NULL THEN NULL ELSE clock_timestamp() END
+           CASE WHEN (SELECT turn_token FROM r) IS NULL THEN NULL ELSE clock_timestamp() END,
+           %(origin)s
       FROM msg WHERE msg.open
     -- A copy that did not get the room (it raced a copy that did, or a newer message
     -- took the room) leaves the running turn to whoever holds it.
@@ -277,7 +279,7 @@ SELECT id, room_id, entity_id, kind, content, source, in_reply_to, created_at
 
 -- list_turns --
 SELECT id, room_id, stream_seq, state, reason, lease_token, attempts, response_id, error, received_at,
-       started_at, finished_at
+       started_at, finished_at, origin
   FROM runtime.turn
  WHERE agent_id = %(agent_id)s AND (%(room_id)s::uuid IS NULL OR room_id = %(room_id)s)
  ORDER BY received_at DESC, id DESC
@@ -302,7 +304,7 @@ UPDATE runtime.agent SET enabled = %(enabled)s, updated_at = now() WHERE id = %(
 
 -- get_turn --
 SELECT id, room_id, stream_seq, state, reason, lease_token, attempts, response_id, error, trajectory,
-       received_at, started_at, finished_at
+       received_at, started_at, finished_at, origin
   FROM runtime.turn
  WHERE agent_id = %(agent_id)s AND id = %(id)s;
 
@@ -542,3 +544,30 @@ SELECT rev.revision, a.id, a.name, a.definition, a.enabled, a.created_at, a.upda
                           WHERE agent_id = %(agent_id)s), 0) AS revision) rev
   LEFT JOIN runtime.custom_action a ON a.agent_id = %(agent_id)s
  ORDER BY a.name;
+
+-- --- autonomy (parley_runtime/autonomy) --------------------------------------------------------
+
+-- get_autonomy --
+SELECT enabled, generation, updated_at FROM runtime.autonomy WHERE agent_id = %(agent_id)s;
+
+-- set_autonomy --
+-- The operator's switch; switching on from off (or for the first time) starts a new generation.
+INSERT INTO runtime.autonomy AS a (agent_id, enabled, generation)
+VALUES (%(agent_id)s, %(enabled)s, 1)
+ON CONFLICT (agent_id) DO UPDATE
+   SET enabled = excluded.enabled,
+       generation = a.generation + CASE WHEN excluded.enabled AND NOT a.enabled THEN 1 ELSE 0 END,
+       updated_at = now()
+RETURNING enabled, generation, updated_at;
+
+-- autonomy_busy --
+-- An autonomous turn of the agent still running (and not abandoned by a replica that died).
+SELECT EXISTS (
+    SELECT 1 FROM runtime.turn
+     WHERE agent_id = %(agent_id)s AND origin = 'autonomous' AND state IN ('received', 'running')
+       AND received_at > clock_timestamp() - make_interval(secs => %(stale_seconds)s)
+) AS busy;
+
+-- autonomy_counts --
+SELECT count(*) AS turns, max(received_at) AS last_at
+  FROM runtime.turn WHERE agent_id = %(agent_id)s AND origin = 'autonomous';

@@ -110,9 +110,13 @@ CREATE TABLE runtime.turn (
     -- Why the turn ended the way it did: self, muted, not_addressed, disabled, no_reply, ...
     reason        text,
     started_at    timestamptz,
+    -- Who started it: a connector's message (user), the runtime continuing a conversation after
+    -- confirmations (continuation), or the agent's autonomy loop (autonomous).
+    origin        text NOT NULL DEFAULT 'user' CHECK (origin IN ('user', 'continuation', 'autonomous')),
     PRIMARY KEY (agent_id, id)
 );
 CREATE INDEX turn_room_recent ON runtime.turn (agent_id, room_id, received_at DESC);
+CREATE INDEX turn_origin_recent ON runtime.turn (agent_id, origin, received_at DESC);
 
 -- Written before a non-idempotent action runs, so a retried turn can tell
 -- that the effect may already have happened.
@@ -301,4 +305,18 @@ CREATE UNIQUE INDEX custom_action_name ON runtime.custom_action (agent_id, name)
 CREATE TABLE runtime.custom_action_revision (
     agent_id  uuid PRIMARY KEY REFERENCES runtime.agent (id) ON DELETE CASCADE,
     revision  bigint NOT NULL CHECK (revision > 0)
+);
+
+-- ---------------------------------------------------------------------------------------------
+-- Autonomy (migration 0008, parley_runtime/autonomy)
+-- ---------------------------------------------------------------------------------------------
+
+-- The operator's switch (`parley autonomy on|off`); without a row the character's
+-- AUTONOMY_ENABLED setting decides. Each switch from off to on starts a new generation, which
+-- names the agent's recurring think section in the model gateway's prompt batcher.
+CREATE TABLE runtime.autonomy (
+    agent_id    uuid PRIMARY KEY REFERENCES runtime.agent (id) ON DELETE CASCADE,
+    enabled     boolean NOT NULL,
+    generation  bigint NOT NULL CHECK (generation > 0),
+    updated_at  timestamptz NOT NULL DEFAULT now()
 );

@@ -21,6 +21,7 @@ from ..records import NewMessage
 from ..sdk import HistoryLine, Participant
 from ..store import RuntimeStore
 from .actions import ActionRunner
+from .autonomous import autonomous_pipeline
 from .inbound import Inbound, decode_inbound, origin_of, parse_subject
 from .pipeline import Pipeline, Stage
 from .ports import Ports
@@ -77,6 +78,7 @@ class TurnProcessor:
             ),
         ]
         self.pipeline = Pipeline(stages, metrics, record=logging)
+        self.autonomous = autonomous_pipeline(stages, metrics, record=logging)
 
     async def handle(self, delivery: Delivery) -> None:
         started = time.perf_counter()
@@ -161,6 +163,7 @@ class TurnProcessor:
                 history=self.settings.history,
                 sender_role=message.claimed_role,
                 reply_to_id=message.reply_to_id,
+                origin=message.origin.value,
             )
         )
         self.metrics.stage.labels("ingest").observe(time.perf_counter() - started)
@@ -208,7 +211,7 @@ class TurnProcessor:
         turn = Turn(agent, message, ctx, ingested.lease_token, ingested, delivery)
         events = self.ports.events
         await events.emit(agent, "RUN_STARTED", turn.id, turn.room_id, source=message.source)
-        outcome = await self.pipeline.run(turn)
+        outcome = await (self.autonomous if message.autonomous else self.pipeline).run(turn)
         await events.emit(agent, "RUN_ENDED", turn.id, turn.room_id, status=outcome)
         return outcome
 

@@ -34,7 +34,7 @@ class Reply:
         return cls(
             id=id,
             text=content.text,
-            source=source,
+            source=content.target_source or source,
             channel_id=content.target_channel or channel_id,
             in_reply_to=in_reply_to,
             actions=tuple(content.actions),

@@ -59,6 +59,9 @@ class TurnMetrics:
             ["provider"],
             registry=registry,
         )
+        self.autonomous = Counter(
+            "parley_autonomous_turns_total", "Autonomous turns by outcome", ["outcome"], registry=registry
+        )
 
 
 @dataclass(frozen=True)
