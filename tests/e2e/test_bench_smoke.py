@@ -37,6 +37,11 @@ RUNS: dict[str, tuple[list[str], set[str], set[str]]] = {
         },
         {"series", "floors"},
     ),
+    "autonomy.py": (
+        ["--turns", "10", "--ticks", "1"],
+        {"ratio_autonomous_to_message_turn", "ratio_tick_to_message_turn"},
+        {"message_turn", "autonomous_turn", "tick"},
+    ),
     "confirmations.py": (
         ["--approvals", "10", "--in-flight", "4"],
         {"ratio_to_floor", "floor_approval_p50_ms"},
