@@ -91,7 +91,15 @@ IDENTITIES: dict[str, Identity] = {
                 f"{NS}.runtime.agents.changed",
                 *rpc("model", "Generate", "Embed", "AddSection", "Drain", "DisposeSections"),
                 *rpc(
-                    "authz", "PutPending", "ListPendingToolCalls", "Decide", "Settle", "ListMessageToolCalls"
+                    "authz",
+                    "PutPending",
+                    "ListPendingToolCalls",
+                    "Decide",
+                    "Settle",
+                    "ListMessageToolCalls",
+                    "AcquireLease",
+                    "RenewLease",
+                    "ReleaseLease",
                 ),
                 *rpc("pairing", "IsAllowed", "UpsertRequest", "ClaimPairingReply"),
                 *rpc("scheduler", "CreateTask"),

@@ -165,7 +165,11 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
         "Documents",
     )
 
-    host.component("plugin services", PluginServices(directory))
+    plugin_services = PluginServices(
+        directory, authz=authz, registry=host.registry, lease_ttl_ms=s.plugin_service_lease_ms
+    )
+    ports.events.listeners.append(plugin_services.dispatch)
+    host.component("plugin services", plugin_services)
     host.component("autonomy", autonomy)
     host.component(
         "consumer",

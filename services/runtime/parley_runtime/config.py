@@ -37,6 +37,9 @@ class RuntimeSettings(Settings):
     custom_actions_shell: bool = False
     custom_actions_code: bool = False
     custom_actions_allow_hosts: str = ""
+    # The authz lease of a singleton plugin service: the replica holding it runs the service and
+    # renews it every third of this; when that replica dies another takes over within this time.
+    plugin_service_lease_ms: int = Field(default=10_000, ge=1_000, le=60_000)
     # Autonomy (parley_runtime/autonomy), for agents whose character does not set them: the think
     # interval (clamped to 5,000-600,000 ms; malformed or unset is 30,000) and the model size
     # (small or large; anything else is large). Read as given: the autonomy policy validates them.

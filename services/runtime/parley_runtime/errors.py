@@ -45,6 +45,12 @@ PLUGIN_NOT_FOUND = define(
 PLUGIN_CONFLICT = define(
     "PLUGIN_CONFLICT", Kind.INVALID_ARGUMENT, "Two plugins of one agent define an action of the same name."
 )
+PLUGIN_CONFIG_INVALID = define(
+    "PLUGIN_CONFIG_INVALID",
+    Kind.INVALID_ARGUMENT,
+    "A setting a plugin declares is missing (required) or does not match its schema for this agent.",
+    hint="set it in the character's settings or secrets (the message names the plugin and setting)",
+)
 UNKNOWN_SUBACTION = define(
     "UNKNOWN_SUBACTION",
     Kind.INVALID_ARGUMENT,

@@ -14,6 +14,7 @@ from ..character import Character, parse_character
 from ..plugins.builtin import BUILTIN_PLUGINS
 from ..plugins.catalog import Catalog
 from ..plugins.loading import discover_plugins, resolve_plugins
+from ..plugins.settings import plugin_settings
 from ..records import StoredAgent
 from ..sdk import Plugin
 from ..secrets import Redactor, SecretBox
@@ -25,6 +26,7 @@ class AgentInfo:
     id: uuid.UUID
     character: Character
     catalog: Catalog = field(init=False)
+    plugin_settings: dict[str, dict[str, object]] = field(init=False)
     enabled: bool = True
     host_settings: Mapping[str, object] = field(default_factory=dict)
     redactor: Redactor = field(init=False)
@@ -35,6 +37,8 @@ class AgentInfo:
                 dm_policy(value, f"settings.{key}")
         self.catalog = Catalog(plugins_for(self.character))
         self.redactor = Redactor(v for v in self.character.secrets.values() if isinstance(v, str))
+        # Each plugin's declared settings, checked now: a missing or invalid one refuses the agent.
+        self.plugin_settings = {p.name: plugin_settings(p, self.setting) for p in self.catalog.plugins}
 
     def setting(self, key: str) -> object | None:
         """In the spec's order: secrets, settings, .extra, .secrets, env, host; never os.environ."""

@@ -5,14 +5,18 @@ checked before an agent uses it (errors name the plugin and the offending part).
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Iterable, Mapping
 from importlib.metadata import entry_points
 
+from parley_platform.errors import ParleyError
+
 from .. import errors
 from ..names import ACTION_NAME, ROLES
-from ..sdk import Action, Evaluator, Parameter, Plugin, Provider, Tag
+from ..sdk import Action, Evaluator, Parameter, Plugin, Provider, Setting, Tag
 
 ENTRY_POINT_GROUP = "parley.plugins"
+SERVICE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def validate_plugin(plugin: object, origin: str) -> Plugin:
@@ -56,10 +60,43 @@ def validate_plugin(plugin: object, origin: str) -> Plugin:
     for evaluator in plugin.evaluators:
         if not isinstance(evaluator, Evaluator) or not callable(evaluator.handler):
             raise errors.PLUGIN_INVALID(f"{where}: evaluators must be Evaluator objects with a handler")
+    services = [getattr(service, "name", "") for service in plugin.services]
     for service in plugin.services:
         if not all(callable(getattr(service, m, None)) for m in ("start", "stop")):
-            raise errors.PLUGIN_INVALID(f"{where}: services must have async start() and stop()")
+            raise errors.PLUGIN_INVALID(f"{where}: services must have async start(run) and stop()")
+        if not isinstance(getattr(service, "name", None), str) or not SERVICE_NAME.fullmatch(service.name):
+            raise errors.PLUGIN_INVALID(f"{where}: a service name must be 1-64 letters, digits, '_' or '-'")
+    if len(set(services)) != len(services):
+        raise errors.PLUGIN_INVALID(f"{where}: two services have one name")
+    for event, handlers in plugin.events.items():
+        if not ACTION_NAME.match(event):
+            raise errors.PLUGIN_INVALID(f"{where}: event {event!r} is not SCREAMING_SNAKE_CASE")
+        if not isinstance(handlers, tuple) or not all(callable(h) for h in handlers):
+            raise errors.PLUGIN_INVALID(f"{where}: the handlers of {event} must be a tuple of coroutines")
+    settings = [setting.name for setting in plugin.config]
+    if len(set(settings)) != len(settings):
+        raise errors.PLUGIN_INVALID(f"{where}: a setting is declared twice")
+    for setting in plugin.config:
+        if not isinstance(setting, Setting) or not setting.name.strip():
+            raise errors.PLUGIN_INVALID(f"{where}: config must be Setting objects with a name")
+        _check_setting_schema(where, setting)
+    if plugin.init is not None and not callable(plugin.init):
+        raise errors.PLUGIN_INVALID(f"{where}: init must be a coroutine function taking the settings")
+    if not all(isinstance(d, str) and d.strip() for d in plugin.dependencies):
+        raise errors.PLUGIN_INVALID(f"{where}: dependencies must be plugin names")
     return plugin
+
+
+def _check_setting_schema(where: str, setting: Setting) -> None:
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    try:
+        Draft202012Validator.check_schema(dict(setting.schema))
+    except SchemaError as exc:
+        raise errors.PLUGIN_INVALID(
+            f"{where}: setting {setting.name}: invalid JSON schema ({exc.message})"
+        ) from exc
 
 
 def _check_schema(where: str, action: str, parameter: Parameter) -> None:
@@ -111,22 +148,53 @@ def discover_plugins() -> dict[str, Plugin]:
 def resolve_plugins(
     refs: Iterable[str], *, builtins: Mapping[str, Plugin], installed: Mapping[str, Plugin] | None = None
 ) -> list[Plugin]:
-    """The plugins a character asks for: built-in names, installed entry-point names or dotted paths."""
-    plugins: list[Plugin] = []
-    names: set[str] = set()
+    """The plugins a character asks for (built-in names, installed entry-point names or dotted
+    paths) and the plugins they depend on, each after its dependencies (a cycle is refused)."""
+    wanted: list[Plugin] = []
     for ref in refs:
-        if ref in builtins:
-            plugin = builtins[ref]
-        elif installed is not None and ref in installed:
-            plugin = installed[ref]
-        elif "." in ref or ":" in ref:
-            plugin = load_plugin(ref)
-        else:
-            known = sorted({*builtins, *(installed or {})})
-            raise errors.PLUGIN_NOT_FOUND(
-                f"unknown plugin {ref!r}", hint=f"known plugins: {', '.join(known)}; or give a dotted path"
-            )
-        if plugin.name not in names:
-            names.add(plugin.name)
-            plugins.append(plugin)
-    return plugins
+        wanted.append(_resolve(ref, builtins, installed))
+    by_name: dict[str, Plugin] = {}
+    for plugin in wanted:
+        by_name.setdefault(plugin.name, plugin)
+    ordered: list[Plugin] = []
+    state: dict[str, str] = {}  # visiting / done
+
+    def visit(plugin: Plugin, path: tuple[str, ...]) -> None:
+        if state.get(plugin.name) == "done":
+            return
+        if state.get(plugin.name) == "visiting":
+            cycle = " -> ".join((*path[path.index(plugin.name) :], plugin.name))
+            raise errors.PLUGIN_INVALID(f"plugin dependencies form a cycle: {cycle}")
+        state[plugin.name] = "visiting"
+        for name in plugin.dependencies:
+            dependency = by_name.get(name)
+            if dependency is None:
+                try:
+                    dependency = _resolve(name, builtins, installed)
+                except ParleyError as exc:
+                    if not errors.PLUGIN_NOT_FOUND.matches(exc):
+                        raise
+                    raise errors.PLUGIN_NOT_FOUND(
+                        f"plugin {plugin.name!r} depends on {name!r}, which is not available ({exc})"
+                    ) from None
+                by_name[name] = dependency
+            visit(dependency, (*path, plugin.name))
+        state[plugin.name] = "done"
+        ordered.append(plugin)
+
+    for plugin in wanted:
+        visit(by_name[plugin.name], ())
+    return ordered
+
+
+def _resolve(ref: str, builtins: Mapping[str, Plugin], installed: Mapping[str, Plugin] | None) -> Plugin:
+    if ref in builtins:
+        return builtins[ref]
+    if installed is not None and ref in installed:
+        return installed[ref]
+    if "." in ref or ":" in ref:
+        return load_plugin(ref)
+    known = sorted({*builtins, *(installed or {})})
+    raise errors.PLUGIN_NOT_FOUND(
+        f"unknown plugin {ref!r}", hint=f"known plugins: {', '.join(known)}; or give a dotted path"
+    )

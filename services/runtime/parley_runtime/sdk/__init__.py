@@ -1,6 +1,7 @@
 """The plugin SDK: everything a plugin imports from Parley.
 
-A plugin is a ``Plugin`` of actions, providers, evaluators and services. Handlers get a
+A plugin is a ``Plugin`` of actions, providers, evaluators, services, event handlers and
+declared settings (with ``init``), loaded after the plugins it depends on. Handlers get a
 ``TurnContext``: the message, the room, the sender's role, what the providers found, the results
 of earlier actions, and ``ctx.services`` for what they may ask of the runtime (memories,
 documents, the model, settings). They never see protobuf, SQL or NATS.
@@ -24,11 +25,15 @@ from ._plugin import (
     Callback,
     Content,
     Evaluator,
+    EventHandler,
+    EventView,
     Parameter,
     Plugin,
     Provider,
     ProviderResult,
     Service,
+    ServiceRun,
+    Setting,
     Tag,
     Validator,
 )
@@ -42,6 +47,8 @@ __all__ = [
     "Callback",
     "Content",
     "Evaluator",
+    "EventHandler",
+    "EventView",
     "HistoryLine",
     "KnowledgeHit",
     "MemoryHit",
@@ -54,6 +61,8 @@ __all__ = [
     "ProviderResult",
     "RuntimeServices",
     "Service",
+    "ServiceRun",
+    "Setting",
     "State",
     "Tag",
     "TurnContext",

@@ -125,14 +125,57 @@ class Evaluator:
     validate: Validator | None = None
 
 
+@dataclass(frozen=True)
+class ServiceRun:
+    """What the runtime hands a service it starts."""
+
+    replica: str  # this runtime process
+    settings: Mapping[str, object]  # the plugin's validated settings (see ``Plugin.config``)
+    # A singleton's lease grant, raised on every grant: pass it along to what the service guards
+    # (a resource refuses a token lower than the highest it has seen). None for other services.
+    fencing_token: int | None = None
+
+
 class Service(Protocol):
-    """Something long-lived a plugin runs on every runtime replica (a poller, a cache, a client):
-    started when the replica starts, stopped when it stops."""
+    """Something long-lived a plugin runs beside its agents' turns (a poller, a cache, a client):
+    started on every runtime replica, stopped when the replica stops. A service with
+    ``singleton = True`` runs on exactly one replica at a time: the one holding its authz lease,
+    which hands it over (to another replica, with a higher fencing token) when that one dies.
+    An optional ``async def health(self) -> bool`` reports whether it is well; the runtime
+    publishes each service's state (``parley_plugin_service_state``)."""
 
     name: str
 
-    async def start(self) -> None: ...
+    async def start(self, run: ServiceRun) -> None: ...
     async def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A setting a plugin declares: read with the agent's ``get_setting`` order (secrets,
+    settings, host), checked against ``schema`` (a string is converted to the schema's number,
+    integer or boolean type first), and handed to ``init`` and the plugin's services."""
+
+    name: str
+    description: str = ""
+    required: bool = False
+    default: object | None = None
+    schema: Mapping[str, Any] = field(default_factory=lambda: {"type": "string"})
+
+
+@dataclass(frozen=True)
+class EventView:
+    """One of the runtime's events (RUN_STARTED, ACTION_STARTED, ACTION_COMPLETED, MESSAGE_SENT,
+    CONFIRMATION_REQUESTED, RUN_ENDED, ...), as a plugin's event handler sees it."""
+
+    type: str
+    agent_id: str
+    room_id: str
+    turn_id: str
+    attributes: Mapping[str, str]
+
+
+EventHandler = Callable[[EventView], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -143,3 +186,12 @@ class Plugin:
     providers: tuple[Provider, ...] = ()
     evaluators: tuple[Evaluator, ...] = ()
     services: tuple[Service, ...] = ()
+    # The runtime's events this plugin handles (run in the background: never slowing a turn).
+    events: Mapping[str, tuple[EventHandler, ...]] = field(default_factory=dict)
+    # Its settings, validated for each agent that uses it; ``init`` is called with them once per
+    # agent (and again when they change) on each replica, before the agent's first turn there.
+    config: tuple[Setting, ...] = ()
+    init: Callable[[Mapping[str, object]], Awaitable[None]] | None = None
+    # Plugins (by name) loaded before this one: they come first in the agent's plugin order,
+    # their init runs first and their services start first (and stop last).
+    dependencies: tuple[str, ...] = ()

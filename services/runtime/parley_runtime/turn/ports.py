@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from parley.v1 import model_pb2, runtime_pb2
@@ -74,11 +74,17 @@ class Outbox:
         )
 
 
+EventListener = Callable[[AgentInfo, str, uuid.UUID, uuid.UUID, Mapping[str, str]], None]
+
+
 class Events:
-    """The runtime's events, on ``<ns>.events.<agent>.<TYPE>``; attributes are redacted."""
+    """The runtime's events, on ``<ns>.events.<agent>.<TYPE>``; attributes are redacted. Each is
+    also handed to the listeners in this process (the plugins' event handlers), which must not
+    block: they run their handlers in the background."""
 
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
+        self.listeners: list[EventListener] = []
 
     async def emit(
         self, agent: AgentInfo, event_type: str, turn: uuid.UUID, room: uuid.UUID, **attributes: str
@@ -97,6 +103,8 @@ class Events:
             await self.bus.publish_core(
                 self.bus.subjects.events(str(agent.id), event_type), event.SerializeToString()
             )
+        for listener in self.listeners:
+            listener(agent, event_type, turn, room, event.attributes)
 
 
 class Inbox:
