@@ -31,6 +31,16 @@ STATES = ("starting", "running", "standby", "failed", "unhealthy", "stopped")
 HEALTH_INTERVAL_SECONDS = 10.0
 
 
+class PluginServiceMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.state = Gauge(
+            "parley_plugin_service_state",
+            "Plugin services on this replica by state (1: the service is in this state)",
+            ["service", "state"],
+            registry=registry,
+        )
+
+
 class PluginServices:
     def __init__(
         self,
@@ -53,12 +63,7 @@ class PluginServices:
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._health: asyncio.Task[None] | None = None
-        self.state_gauge = Gauge(
-            "parley_plugin_service_state",
-            "Plugin services on this replica by state (1: the service is in this state)",
-            ["service", "state"],
-            registry=registry,
-        )
+        self.state_gauge = PluginServiceMetrics(registry).state
 
     def _set_state(self, service: str, state: str) -> None:
         self.states[service] = state

@@ -34,6 +34,16 @@ from .store import AutonomyStore
 log = get_logger(__name__)
 
 
+class AutonomyMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.ticks = Counter(
+            "parley_autonomy_ticks_total",
+            "Think results received by this replica, by what became of them",
+            ["result"],
+            registry=registry,
+        )
+
+
 @dataclass(frozen=True)
 class Defaults:
     """The host's AUTONOMY_INTERVAL_MS and AUTONOMY_MODEL_SIZE (a character's settings win)."""
@@ -65,12 +75,7 @@ class Autonomy:
         self._clients: dict[uuid.UUID, BatcherClient] = {}
         self._sections: dict[uuid.UUID, str] = {}  # the section each agent's results come from
         self._locks: dict[uuid.UUID, asyncio.Lock] = {}
-        self.ticks = Counter(
-            "parley_autonomy_ticks_total",
-            "Think results received by this replica, by what became of them",
-            ["result"],
-            registry=registry,
-        )
+        self.ticks = AutonomyMetrics(registry).ticks
 
     # --- lifecycle -----------------------------------------------------------------------------
 
