@@ -64,6 +64,7 @@ class Autonomy:
         defaults: Defaults = Defaults(),
         stale_seconds: float = 60.0,
         timeout: float = 10.0,
+        resync_seconds: float = 30.0,
     ) -> None:
         self.store = store
         self.bus = bus
@@ -75,6 +76,9 @@ class Autonomy:
         self._clients: dict[uuid.UUID, BatcherClient] = {}
         self._sections: dict[uuid.UUID, str] = {}  # the section each agent's results come from
         self._locks: dict[uuid.UUID, asyncio.Lock] = {}
+        self._pending: set[asyncio.Task[None]] = set()
+        self._resync: asyncio.Task[None] | None = None
+        self.resync_seconds = resync_seconds
         self.ticks = AutonomyMetrics(registry).ticks
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -82,10 +86,28 @@ class Autonomy:
     async def start(self) -> None:
         for agent in list(self.directory.agents.values()):
             await self._sync_quietly(agent)
-        self.directory.on_loaded(self._sync_quietly)
+        self.directory.on_loaded(self._on_loaded)
+        self._resync = asyncio.ensure_future(self._resync_loop())
+
+    async def _on_loaded(self, agent: AgentInfo) -> None:
+        """A reload must never wait for the gateway (a turn may be the reason for it)."""
+        task = asyncio.ensure_future(self._sync_quietly(agent))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _resync_loop(self) -> None:
+        """Apply what a replica missed (the gateway was down, an announcement was lost)."""
+        while True:
+            await asyncio.sleep(self.resync_seconds)
+            for agent in list(self.directory.agents.values()):
+                await self._sync_quietly(agent)
 
     async def stop(self, timeout: float) -> None:
         """Stop listening; the sections stay registered for the other replicas."""
+        if self._resync is not None:
+            self._resync.cancel()
+        for task in list(self._pending):
+            task.cancel()
         for agent_id, client in list(self._clients.items()):
             section = self._sections.pop(agent_id, None)
             if section is not None:
