@@ -63,6 +63,26 @@ def test_agents_lists_the_default_agent(suite: Suite) -> None:
     assert "default" in result.stdout
 
 
+def test_autonomy_is_switched_and_shown(suite: Suite) -> None:
+    env = cli_env(suite)
+    status = run(["autonomy", "status", "default"], env)
+    assert status.returncode == 0, status.stderr
+    assert "autonomy off (set by the character)" in status.stdout
+    assert "every 30000 ms, large model" in status.stdout
+    on = run(["autonomy", "on", "default"], env)
+    assert on.returncode == 0, on.stderr
+    assert "autonomy on (set by the operator)" in on.stdout
+    off = run(["autonomy", "off", "default", "--json"], env)
+    assert off.returncode == 0, off.stderr
+    assert '"enabled": false' in off.stdout
+    unknown = run(["autonomy", "on", "nobody"], env)
+    assert unknown.returncode == 1
+    assert "no agent 'nobody'" in unknown.stderr
+    turns = run(["turns", "--agent", "default"], env)
+    assert turns.returncode == 0, turns.stderr
+    assert "ORIGIN" in turns.stdout.splitlines()[0]
+
+
 def test_wrong_token_is_refused(suite: Suite) -> None:
     result = run(["agents"], cli_env(suite, PARLEY_OPERATOR_TOKEN="wrong"))
     assert result.returncode == 1

@@ -137,7 +137,7 @@ class Autonomy:
     async def set(self, agent: AgentInfo, enabled: bool) -> runtime_pb2.AutonomyStatus:
         """The operator's switch: stored, applied here, then announced so every replica applies it."""
         await self.store.set_switch(agent.id, enabled)
-        await self.sync(agent)
+        await self._sync_quietly(agent)  # stored: a gateway down now is caught up by the resync
         await self.directory.announce(str(agent.id))
         return await self.status(agent)
 
