@@ -139,6 +139,9 @@ async def test_a_singleton_service_runs_on_one_replica_and_is_handed_over_with_a
     lease = LEASE_MS / 1000
     # Within the lease time, plus the standby's retry pause (a tenth of it) and a loaded machine's slack.
     assert took <= lease * 1.1 + 2.0, took
+    print(
+        f"takeover after SIGKILL: {took:.2f} s (lease {lease:.1f} s), tokens {first_token} -> {second_token}"
+    )
     await eventually(lambda: _true(cluster.running_on() == [second]), what="the new holder running")
 
     # Stop the new holder gracefully: it releases the lease and the third replica takes over at once.
@@ -149,6 +152,10 @@ async def test_a_singleton_service_runs_on_one_replica_and_is_handed_over_with_a
     assert third not in (first, second)
     assert third_token > second_token
     assert third_at - stopped_at < lease, "a released lease is taken over without waiting for it to lapse"
+    # The stopped replica stopped its services on the way out (the killed one could not).
+    assert second in {int(line[1]) for line in cluster.lines("LOCAL_STOP")}
+    assert first not in {int(line[1]) for line in cluster.lines("LOCAL_STOP")}
+    assert second in {int(line[1]) for line in cluster.lines("SVC_STOP")}
 
     # Never two at once: each holder's beats end before the next holder starts.
     beats: dict[int, list[float]] = {}
