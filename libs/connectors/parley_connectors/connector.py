@@ -72,6 +72,7 @@ class Connector:
         ack_wait: float = 30.0,
         publish_timeout: float = 5.0,
         owns_bus: bool = False,
+        forget_after: float | None = None,
     ) -> None:
         if not source or any(c in source for c in ".*> "):
             raise platform_codes.INVALID_ARGUMENT(f"source {source!r} must be one subject token")
@@ -84,6 +85,9 @@ class Connector:
         self.durable = durable
         self.stream = self.subjects.stream("OUTBOUND")
         self.deliver = deliver
+        # None: the consumer stays while nobody reads it (a connector's replies wait for it); else
+        # the server removes it after that many seconds without a reader (the terminal's).
+        self.forget_after = forget_after
         self.ack_wait = ack_wait
         self.publish_timeout = publish_timeout
         self._owns_bus = owns_bus
@@ -155,6 +159,7 @@ class Connector:
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.NEW if self.deliver == "new" else DeliverPolicy.ALL,
             ack_wait=self.ack_wait,
+            inactive_threshold=self.forget_after,
             filter_subject=filters[0] if len(filters) == 1 else None,
             filter_subjects=filters if len(filters) > 1 else None,
         )
