@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,7 +106,7 @@ class Bridge:
                     log.warning("stream chunk not shown", response_id=chunk.response_id, reason=str(exc))
 
 
-Intake = Callable[[Bridge, asyncio.Event], Awaitable[None]]
+Intake = Callable[[Bridge, asyncio.Event], Coroutine[object, object, None]]
 
 
 async def serve(

@@ -85,7 +85,7 @@ class TelegramPlatform:
             raise self._error(exc) from None
 
 
-def poller(platform: TelegramPlatform, poll_seconds: float) -> Intake:
+def poller(platform: TelegramPlatform, poll_seconds: int) -> Intake:
     async def poll(bridge: Bridge, stop: asyncio.Event) -> None:
         try:
             bot = await platform.ready()
@@ -119,9 +119,9 @@ def poller(platform: TelegramPlatform, poll_seconds: float) -> Intake:
 def make(env: dict[str, str]) -> tuple[ChatPlatform, Intake]:
     token = require(env, "PARLEY_TELEGRAM_TOKEN")
     try:
-        poll_seconds = float(env.get("PARLEY_TELEGRAM_POLL_SECONDS", "25"))
+        poll_seconds = int(env.get("PARLEY_TELEGRAM_POLL_SECONDS", "25"))
     except ValueError:
-        raise ConfigError("PARLEY_TELEGRAM_POLL_SECONDS must be seconds") from None
+        raise ConfigError("PARLEY_TELEGRAM_POLL_SECONDS must be whole seconds") from None
     bot = Bot(token, base_url=env.get("PARLEY_TELEGRAM_API_URL") or DEFAULT_API_URL)
     platform = TelegramPlatform(bot, token)
     return platform, poller(platform, poll_seconds)
