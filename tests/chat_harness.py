@@ -8,11 +8,12 @@ writes (its own code), then started as ``python -m parley_telegram`` / ``parley_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,12 +24,16 @@ from parley_devinfra.fake_slack import FakeSlack
 from parley_devinfra.fake_telegram import FakeTelegram
 from parley_devinfra.infra import free_port
 from parley_platform.bus import Bus
+from parley_platform.rpc import RpcClient
 from parley_platform.testing import ServiceProcess, eventually
-from support import DEFAULT_AGENT_ID, Suite
+from support import DEFAULT_AGENT_ID, SessionEnv, Suite
 
 TELEGRAM_TOKEN = f"7000001:{secrets.token_urlsafe(24)}"
 SLACK_TOKEN = f"xoxb-{secrets.token_hex(12)}"
 SLACK_SECRET = secrets.token_hex(16)
+# The scripted model streams this answer word by word (tests/e2e/rules.yaml).
+STREAM_ASK = "please stream a short answer"
+STREAMED = "Streaming reaches Telegram and Slack by editing one message as the words arrive."
 
 
 @dataclass
@@ -112,6 +117,30 @@ class Chat:
     def stop_all(self) -> None:
         for process in self.processes:
             process.stop()
+
+
+@contextlib.asynccontextmanager
+async def running_chat(test_env: SessionEnv, root: Path) -> AsyncIterator[Chat]:
+    """The suite (gateway, runtime, pairing) in a namespace of its own, and the fake platforms."""
+    suite = Suite(test_env, root, f"c{secrets.token_hex(4)}")
+    telegram = await FakeTelegram(TELEGRAM_TOKEN).start()
+    slack = await FakeSlack(SLACK_TOKEN, SLACK_SECRET).start()
+    found: Chat | None = None
+    try:
+        await suite.start(runtimes=1)
+        await suite.add_service("parley_pairing", "PAIRING")
+        operator = await suite.connect()
+        found = Chat(suite, operator, PairingClient(RpcClient(operator), timeout=10), root, telegram, slack)
+        try:
+            yield found
+        finally:
+            await operator.close()
+    finally:
+        if found is not None:
+            found.stop_all()
+        suite.stop()
+        await telegram.stop()
+        await slack.stop()
 
 
 async def wait_alive(

@@ -21,49 +21,30 @@ from typing import Any
 
 import pytest
 from chat_harness import (
-    SLACK_TOKEN,
+    STREAM_ASK,
+    STREAMED,
     TELEGRAM_TOKEN,
     Chat,
     publish_reply,
     publish_stream,
+    running_chat,
     settle,
 )
 
 from parley.v1 import runtime_pb2
-from parley.v1.pairing_nats import PairingClient
 from parley_connectors import Connector, Credentials
-from parley_devinfra.fake_slack import FakeSlack
 from parley_devinfra.fake_telegram import BOT_USERNAME, FakeTelegram
 from parley_platform.errors import ParleyError
-from parley_platform.rpc import RpcClient
 from parley_platform.testing import ServiceProcess, eventually
-from support import SessionEnv, Suite
+from support import SessionEnv
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 async def chat(test_env: SessionEnv, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Chat]:
-    root = tmp_path_factory.mktemp("telegram")
-    suite = Suite(test_env, root, f"t{secrets.token_hex(4)}")
-    telegram = await FakeTelegram(TELEGRAM_TOKEN).start()
-    slack = await FakeSlack(SLACK_TOKEN, "unused").start()
-    found: Chat | None = None
-    try:
-        await suite.start(runtimes=1)
-        await suite.add_service("parley_pairing", "PAIRING")
-        operator = await suite.connect()
-        found = Chat(suite, operator, PairingClient(RpcClient(operator), timeout=10), root, telegram, slack)
-        try:
-            yield found
-        finally:
-            await operator.close()
-    finally:
-        if found is not None:
-            found.stop_all()
-        suite.stop()
-        await telegram.stop()
-        await slack.stop()
+    async with running_chat(test_env, tmp_path_factory.mktemp("telegram")) as found:
+        yield found
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +87,23 @@ async def test_a_private_message_is_answered_with_one_message(chat: Chat, connec
     assert sent.reply_to is None  # a private chat needs no quote
     assert TELEGRAM_TOKEN not in connector.log(tail=10_000)
     assert TELEGRAM_TOKEN.split(":")[1] not in connector.log(tail=10_000)
+
+
+async def test_a_reply_streamed_by_the_runtime_is_one_message_edited_as_it_grows(
+    chat: Chat, connector: ServiceProcess
+) -> None:
+    chat_id = new_chat()
+    await chat.telegram.push(chat.telegram.message(STREAM_ASK, chat_id=chat_id))
+
+    async def finished() -> bool:
+        sent = chat.telegram.in_chat(chat_id)
+        return bool(sent) and sent[0].text == STREAMED
+
+    await eventually(finished, timeout=40, what="the streamed reply's final text")
+    await settle()
+    [sent] = chat.telegram.in_chat(chat_id)
+    assert len(sent.texts) >= 3  # sent with the first words, edited as more came
+    assert all(STREAMED.startswith(text) for text in sent.texts)  # no tag or thought ever shown
 
 
 async def test_a_mention_in_a_forum_topic_is_answered_in_that_topic(
