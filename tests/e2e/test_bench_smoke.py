@@ -37,6 +37,11 @@ RUNS: dict[str, tuple[list[str], set[str], set[str]]] = {
         },
         {"series", "floors"},
     ),
+    "chat_connectors.py": (
+        ["--turns", "5"],
+        {"telegram_p50_ratio_to_kit", "telegram_p50_ms", "kit_p50_ms"},
+        {"telegram", "kit"},
+    ),
     "confirmations.py": (
         ["--approvals", "10", "--in-flight", "4"],
         {"ratio_to_floor", "floor_approval_p50_ms"},

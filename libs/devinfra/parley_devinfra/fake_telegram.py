@@ -50,6 +50,7 @@ class FakeTelegram:
     sent: list[Sent] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)  # every method called, in order
     on_updates_served: Callable[[list[dict[str, Any]]], None] | None = None
+    on_sent: Callable[[Sent], None] | None = None  # called for each message the bot sends
     _runner: web.AppRunner | None = None
     _arrived: asyncio.Condition = field(default_factory=asyncio.Condition)
     _update_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(100))
@@ -177,6 +178,8 @@ class FakeTelegram:
             thread_id=int(thread) if thread is not None else None,
         )
         self.sent.append(sent)
+        if self.on_sent is not None:
+            self.on_sent(sent)
         return self._message_of(sent)
 
     async def _api_editMessageText(self, params: dict[str, Any]) -> dict[str, Any] | web.Response:
