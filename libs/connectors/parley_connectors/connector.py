@@ -229,7 +229,7 @@ class Connector:
 
     # --- receiving --------------------------------------------------------------------------------
 
-    async def replies(self, *, poll: float = 5.0) -> AsyncIterator[Reply]:
+    async def replies(self, *, poll: float = 2.0) -> AsyncIterator[Reply]:
         """The agent's replies for this source, through the durable consumer, oldest first; each
         comes again (``deliveries`` > 1) until ``ack()``ed. A payload that is not an
         OutboundMessage is logged and terminated, never yielded. Ends when the connector closes."""
