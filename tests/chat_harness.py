@@ -102,10 +102,10 @@ class Chat:
         await wait_alive(process, lambda: fake.calls.count("getUpdates") > polls, "polling")
         return process
 
-    async def start_slack(self) -> tuple[ServiceProcess, str]:
+    async def start_slack(self, creds: Path | None = None, port: int = 0) -> tuple[ServiceProcess, str]:
         """A Slack connector and its Events API URL, once it listens."""
-        port = free_port()
-        process = self.slack_process(await self.credentials_file("slack"), port).start()
+        port = port or free_port()
+        process = self.slack_process(creds or await self.credentials_file("slack"), port).start()
 
         def listening() -> bool:
             with socket.socket() as sock:

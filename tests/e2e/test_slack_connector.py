@@ -10,9 +10,13 @@ nothing; the connector's secrets are never logged.
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
+import signal
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from chat_harness import (
@@ -40,45 +44,61 @@ async def chat(test_env: SessionEnv, tmp_path_factory: pytest.TempPathFactory) -
         yield found
 
 
+@dataclass
+class Running:
+    """The module's Slack connector (one per agent and source: each would post every reply)."""
+
+    process: ServiceProcess
+    url: str
+    creds: Path
+
+    @property
+    def port(self) -> int:
+        return int(self.url.split(":")[2].split("/")[0])
+
+
 @pytest.fixture(scope="module")
-async def events(chat: Chat) -> AsyncIterator[tuple[ServiceProcess, str]]:
-    process, url = await chat.start_slack()
-    yield process, url
-    process.stop()
+async def events(chat: Chat) -> AsyncIterator[Running]:
+    creds = await chat.credentials_file("slack")
+    process, url = await chat.start_slack(creds)
+    running = Running(process, url, creds)
+    yield running
+    running.process.stop()
 
 
 def channel(prefix: str = "D") -> str:
     return f"{prefix}{secrets.token_hex(4).upper()}"
 
 
-async def answered(chat: Chat, where: str, count: int = 1, timeout: float = 30) -> None:
+async def answered(chat: Chat, where: str, text: str = "", timeout: float = 30) -> None:
+    """Until the channel has a message (whose current text is ``text``, when given: replies stream)."""
+
     async def check() -> bool:
-        return len(chat.slack.in_channel(where)) >= count
+        posted = chat.slack.in_channel(where)
+        return bool(posted) and (not text or posted[0].text == text)
 
-    await eventually(check, timeout=timeout, what=f"{count} message(s) in {where}")
+    await eventually(check, timeout=timeout, what=f"a message {text!r} in {where}")
 
 
-async def test_a_direct_message_is_answered_once(chat: Chat, events: tuple[ServiceProcess, str]) -> None:
-    process, url = events
+async def test_a_direct_message_is_answered_once(chat: Chat, events: Running) -> None:
+    process, url = events.process, events.url
     dm = channel()
     status = await chat.slack.deliver(
         url, chat.slack.event_body(chat.slack.message("hello from slack", channel=dm))
     )
     assert status == 200
-    await answered(chat, dm)
+    await answered(chat, dm, "You said: hello from slack")
     await settle()
     [posted] = chat.slack.in_channel(dm)
-    assert (posted.text, posted.thread_ts) == ("You said: hello from slack", None)
+    assert posted.thread_ts is None
     log = process.log(tail=10_000)
     assert SLACK_TOKEN not in log
     assert SLACK_SECRET not in log
 
 
-async def test_a_mention_in_a_thread_is_answered_in_the_thread_once(
-    chat: Chat, events: tuple[ServiceProcess, str]
-) -> None:
+async def test_a_mention_in_a_thread_is_answered_in_the_thread_once(chat: Chat, events: Running) -> None:
     """Slack sends a mention as a ``message`` and an ``app_mention`` event: one message id, one answer."""
-    _, url = events
+    url = events.url
     room, parent = channel("C"), chat.slack.next_ts()
     event = chat.slack.message(
         f"<@{BOT_USER}> how do threads work", channel=room, channel_type="channel", thread_ts=parent
@@ -86,15 +106,15 @@ async def test_a_mention_in_a_thread_is_answered_in_the_thread_once(
     mention = {**event, "type": "app_mention"}
     assert await chat.slack.deliver(url, chat.slack.event_body(event)) == 200
     assert await chat.slack.deliver(url, chat.slack.event_body(mention)) == 200
-    await answered(chat, room)
+    await answered(chat, room, f"You said: <@{BOT_USER}> how do threads work")
     await settle(2.5)
     [posted] = chat.slack.in_channel(room)
     assert posted.thread_ts == parent
     assert posted.text == f"You said: <@{BOT_USER}> how do threads work"
 
 
-async def test_a_retried_event_is_answered_once(chat: Chat, events: tuple[ServiceProcess, str]) -> None:
-    _, url = events
+async def test_a_retried_event_is_answered_once(chat: Chat, events: Running) -> None:
+    url = events.url
     dm = channel()
     body = chat.slack.event_body(chat.slack.message("did you get this", channel=dm))
     first, retries = await asyncio.gather(
@@ -102,14 +122,33 @@ async def test_a_retried_event_is_answered_once(chat: Chat, events: tuple[Servic
         asyncio.gather(*(chat.slack.deliver(url, body, retry_num=n) for n in (1, 2))),
     )
     assert [first, *retries] == [200, 200, 200]
-    await answered(chat, dm)
+    await answered(chat, dm, "You said: did you get this")
     assert await chat.slack.deliver(url, body, retry_num=3) == 200  # after the answer, too
     await settle(2.5)
     assert [p.text for p in chat.slack.in_channel(dm)] == ["You said: did you get this"]
 
 
-async def test_a_bad_or_stale_signature_is_refused(chat: Chat, events: tuple[ServiceProcess, str]) -> None:
-    _, url = events
+async def test_a_connector_killed_between_receiving_and_publishing_answers_once(
+    chat: Chat, events: Running
+) -> None:
+    """The event reaches the connector's socket while it is stopped (SIGSTOP): Slack gets no answer
+    in 3 s; the connector is killed and restarted on the same URL; Slack's retry is answered, once."""
+    dm = channel()
+    body = chat.slack.event_body(chat.slack.message("after the crash", channel=dm))
+    os.kill(events.process.pid, signal.SIGSTOP)
+    assert await chat.slack.deliver(events.url, body, timeout=3) == 0  # received, never answered
+    events.process.kill()
+    await settle(1.0)
+    assert chat.slack.in_channel(dm) == []  # the stopped connector published nothing
+    events.process, events.url = await chat.start_slack(events.creds, events.port)
+    assert await chat.slack.deliver(events.url, body, retry_num=1) == 200
+    await answered(chat, dm, "You said: after the crash")
+    await settle()
+    assert [p.text for p in chat.slack.in_channel(dm)] == ["You said: after the crash"]
+
+
+async def test_a_bad_or_stale_signature_is_refused(chat: Chat, events: Running) -> None:
+    url = events.url
     dm = channel()
     body = chat.slack.event_body(chat.slack.message("forged", channel=dm))
     forged = chat.slack.sign(body, secret="not-the-secret")
@@ -123,9 +162,9 @@ async def test_a_bad_or_stale_signature_is_refused(chat: Chat, events: tuple[Ser
 
 
 async def test_a_reply_streamed_by_the_runtime_is_one_message_updated_as_it_grows(
-    chat: Chat, events: tuple[ServiceProcess, str]
+    chat: Chat, events: Running
 ) -> None:
-    _, url = events
+    url = events.url
     dm = channel()
     assert (
         await chat.slack.deliver(url, chat.slack.event_body(chat.slack.message(STREAM_ASK, channel=dm)))
@@ -143,9 +182,7 @@ async def test_a_reply_streamed_by_the_runtime_is_one_message_updated_as_it_grow
     assert all(STREAMED.startswith(text) for text in posted.texts)
 
 
-async def test_a_lost_chunk_never_reaches_the_final_message(
-    chat: Chat, events: tuple[ServiceProcess, str]
-) -> None:
+async def test_a_lost_chunk_never_reaches_the_final_message(chat: Chat, events: Running) -> None:
     dm = channel()
     response_id = await publish_stream(chat.operator, "slack", dm, "", [(1, "Partly"), (3, " WRONG")])
     await answered(chat, dm)
@@ -159,7 +196,7 @@ async def test_a_lost_chunk_never_reaches_the_final_message(
     assert "WRONG" not in "".join(posted.texts)
 
 
-async def test_a_superseded_stream_is_deleted(chat: Chat, events: tuple[ServiceProcess, str]) -> None:
+async def test_a_superseded_stream_is_deleted(chat: Chat, events: Running) -> None:
     dm = channel()
     await publish_stream(chat.operator, "slack", dm, "", [(1, "An answer that")], outcome="superseded")
 

@@ -70,17 +70,20 @@ async def run_once(process: ServiceProcess) -> tuple[int, str]:
     return proc.returncode or 0, out.decode(errors="replace")
 
 
-async def answered(chat: Chat, chat_id: int, count: int = 1, timeout: float = 30) -> None:
-    async def check() -> bool:
-        return len(chat.telegram.in_chat(chat_id)) >= count
+async def answered(chat: Chat, chat_id: int, text: str = "", timeout: float = 30) -> None:
+    """Until the chat has a message (whose current text is ``text``, when given: replies stream)."""
 
-    await eventually(check, timeout=timeout, what=f"{count} message(s) in chat {chat_id}")
+    async def check() -> bool:
+        sent = chat.telegram.in_chat(chat_id)
+        return bool(sent) and (not text or sent[0].text == text)
+
+    await eventually(check, timeout=timeout, what=f"a message {text!r} in chat {chat_id}")
 
 
 async def test_a_private_message_is_answered_with_one_message(chat: Chat, connector: ServiceProcess) -> None:
     chat_id = new_chat()
     await chat.telegram.push(chat.telegram.message("hello from telegram", chat_id=chat_id))
-    await answered(chat, chat_id)
+    await answered(chat, chat_id, "You said: hello from telegram")
     await settle()
     [sent] = chat.telegram.in_chat(chat_id)
     assert sent.text == "You said: hello from telegram"
@@ -119,9 +122,8 @@ async def test_a_mention_in_a_forum_topic_is_answered_in_that_topic(
         entities=[{"type": "mention", "offset": 0, "length": len(BOT_USERNAME) + 1}],
     )
     await chat.telegram.push(message)
-    await answered(chat, chat_id)
+    await answered(chat, chat_id, f"You said: {text}")
     [sent] = chat.telegram.in_chat(chat_id)
-    assert sent.text == f"You said: {text}"
     assert (sent.thread_id, sent.reply_to) == (77, message["message_id"])
 
 
@@ -130,7 +132,7 @@ async def test_an_update_delivered_twice_is_answered_once(chat: Chat, connector:
     message = chat.telegram.message("only once please", chat_id=chat_id)
     await chat.telegram.push(message)
     await chat.telegram.push(message)  # the same message again, in a later update
-    await answered(chat, chat_id)
+    await answered(chat, chat_id, "You said: only once please")
     await settle(2.5)
     assert [s.text for s in chat.telegram.in_chat(chat_id)] == ["You said: only once please"]
 
@@ -139,7 +141,7 @@ async def test_a_connector_killed_between_receiving_and_publishing_answers_once(
     """The update leaves the Bot API and reaches the connector, which is stopped (SIGSTOP) before it
     can publish, then killed: Telegram has no confirmation, gives the update again to the new
     process, and the agent answers once."""
-    creds = await chat.credentials_file("telegram")
+    creds = await chat.credentials_file("telegram-crash")
     telegram = await FakeTelegram(TELEGRAM_TOKEN).start()  # this connector's bot alone
     try:
         first = await chat.start_telegram(creds, telegram)
@@ -230,25 +232,25 @@ async def test_a_cancelled_stream_leaves_no_message(chat: Chat, connector: Servi
 async def test_a_reply_delivered_again_after_a_restart_sends_nothing_more(chat: Chat) -> None:
     """The ledger of delivered replies survives the process: a reply redelivered (its ack lost)
     finds its message already sent."""
-    creds = await chat.credentials_file("telegram")
+    creds = await chat.credentials_file("telegram-ledger")
     telegram = await FakeTelegram(TELEGRAM_TOKEN).start()
     process = await chat.start_telegram(creds, telegram)
     chat_id = new_chat()
     response_id = str(uuid.uuid4())
-    await publish_reply(chat.operator, "telegram", response_id, str(chat_id), "", "Once.")
+    await publish_reply(chat.operator, "telegram-ledger", response_id, str(chat_id), "", "Once.")
     await eventually(lambda: asyncio.sleep(0, bool(telegram.in_chat(chat_id))), timeout=30, what="the reply")
     process.stop()
     # The same reply again, under a new JetStream id (as a republish after a lost ack would be seen).
     bus = chat.operator
     again = runtime_pb2.OutboundMessage(
         agent_id=Credentials.load(creds).agent_id,
-        source="telegram",
+        source="telegram-ledger",
         response_id=response_id,
         channel_id=str(chat_id),
         text="Once.",
     )
     await bus.publish(
-        bus.subjects.outbound(again.agent_id, "telegram"),
+        bus.subjects.outbound(again.agent_id, "telegram-ledger"),
         again.SerializeToString(),
         msg_id=f"{response_id}-again",
     )
@@ -266,7 +268,7 @@ async def test_credentials_for_another_source_or_agent_are_refused(chat: Chat) -
     wrong = chat.telegram_process(slack_creds)
     code, output = await run_once(wrong)
     assert code == 2
-    assert "for source 'slack', not 'telegram'" in output
+    assert "for source 'slack', not 'telegram'" in output  # telegram or telegram-<name> only
     assert TELEGRAM_TOKEN not in output
 
     creds = Credentials.load(await chat.credentials_file("telegram"))
@@ -279,7 +281,7 @@ async def test_credentials_for_another_source_or_agent_are_refused(chat: Chat) -
 
 async def test_a_bot_api_that_refuses_the_token_stops_the_connector_clearly(chat: Chat) -> None:
     process = chat.telegram_process(
-        await chat.credentials_file("telegram"), PARLEY_TELEGRAM_TOKEN="1:wrong-token"
+        await chat.credentials_file("telegram-badtoken"), PARLEY_TELEGRAM_TOKEN="1:wrong-token"
     )
     code, output = await run_once(process)
     assert code == 2
@@ -289,7 +291,7 @@ async def test_a_bot_api_that_refuses_the_token_stops_the_connector_clearly(chat
 
 async def test_the_connector_stops_on_sigterm(chat: Chat) -> None:
     telegram = await FakeTelegram(TELEGRAM_TOKEN).start()
-    process = await chat.start_telegram(fake=telegram)
+    process = await chat.start_telegram(await chat.credentials_file("telegram-stop"), telegram)
     try:
         assert process.stop(timeout=20) == 0
     finally:

@@ -3,7 +3,9 @@ and the agent's replies and stream chunks delivered to the platform as one messa
 
 ``run_connector("telegram", make_platform)`` is the whole ``main`` of a connector: it reads the
 connector's credentials (``PARLEY_CONNECTOR_CREDENTIALS``, the file of ``parley connectors add``),
-refuses credentials issued for another source, connects as that connector, and runs until SIGTERM.
+refuses credentials issued for another platform's source (``telegram`` or ``telegram-<anything>``
+for a second bot of the same agent: every connector of one agent and source receives every reply
+for that source), connects as that connector, and runs until SIGTERM.
 """
 
 from __future__ import annotations
@@ -118,9 +120,9 @@ async def serve(
     stop: asyncio.Event,
 ) -> None:
     """Run until ``stop`` is set (or a part fails): intake, replies and chunks side by side."""
-    if creds.source != source:
+    if creds.source != source and not creds.source.startswith(f"{source}-"):
         raise ConfigError(
-            f"these credentials are for source {creds.source!r}, not {source!r}: "
+            f"these credentials are for source {creds.source!r}, not {source!r} (or {source}-...): "
             f"create them with `parley connectors add NAME --agent AGENT --source {source} --out FILE`"
         )
     async with await Connector.connect(creds) as conn:

@@ -101,15 +101,29 @@ class FakeSlack:
         }
 
     async def deliver(
-        self, url: str, body: bytes, *, retry_num: int = 0, headers: dict[str, str] | None = None
+        self,
+        url: str,
+        body: bytes,
+        *,
+        retry_num: int = 0,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30.0,
     ) -> int:
-        """POST one event request (signed unless ``headers`` are given); returns the HTTP status."""
+        """POST one event request (signed unless ``headers`` are given); returns the HTTP status, or
+        0 when the app does not answer within ``timeout`` (Slack gives up after 3 s and retries)."""
         sent = dict(headers if headers is not None else self.sign(body))
         if retry_num:
             sent.update({"X-Slack-Retry-Num": str(retry_num), "X-Slack-Retry-Reason": "http_timeout"})
-        async with aiohttp.ClientSession() as session, session.post(url, data=body, headers=sent) as response:
-            await response.read()
-            return response.status
+        limit = aiohttp.ClientTimeout(total=timeout)
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=limit) as session,
+                session.post(url, data=body, headers=sent) as response,
+            ):
+                await response.read()
+                return response.status
+        except TimeoutError:
+            return 0
 
     def message(
         self,
