@@ -102,3 +102,15 @@ async def test_a_deleted_streamed_message_still_gets_the_answer_and_long_texts_a
     await delivery.reply("r", "c", "", "A much longer answer")
     assert board.messages["m2"] == [fit("A much longer answer", 10)]
     assert len(board.messages["m2"][0]) == 10
+
+
+def test_the_ledger_forgets_old_entries(tmp_path: Path) -> None:
+    from parley_chat.delivery import Entry
+
+    ledger = Ledger(tmp_path / "l.sqlite")
+    ledger.put("old", Entry("c", "m1", True))
+    ledger.forget_older_than(3600)
+    assert ledger.get("old") is not None
+    ledger.forget_older_than(-1)
+    assert ledger.get("old") is None
+    ledger.close()

@@ -31,6 +31,10 @@ log = get_logger(__name__)
 QUIET_LOGGERS = ("httpx", "httpcore", "telegram", "slack_bolt", "slack_sdk", "aiohttp.access")
 
 
+# A reply is redelivered within its consumer's ack wait and retries: a week of entries is plenty.
+LEDGER_KEEP_SECONDS = 7 * 24 * 3600
+
+
 class ConfigError(Exception):
     """The connector cannot start: the message says which setting is wrong."""
 
@@ -67,7 +71,9 @@ class Bridge:
 
     def __init__(self, conn: Connector, platform: ChatPlatform, settings: BridgeSettings) -> None:
         self.conn = conn
-        self.delivery = Delivery(platform, Ledger(settings.state_path), edit_interval=settings.edit_interval)
+        ledger = Ledger(settings.state_path)
+        ledger.forget_older_than(LEDGER_KEEP_SECONDS)
+        self.delivery = Delivery(platform, ledger, edit_interval=settings.edit_interval)
         self.settings = settings
         self.published = 0
 
