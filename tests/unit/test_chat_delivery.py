@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from parley_chat.delivery import Delivery, Ledger, PlatformError, fit
+from parley_chat.delivery import Delivery, Entry, Ledger, PlatformError, fit
 
 
 @dataclass
@@ -105,8 +105,6 @@ async def test_a_deleted_streamed_message_still_gets_the_answer_and_long_texts_a
 
 
 def test_the_ledger_forgets_old_entries(tmp_path: Path) -> None:
-    from parley_chat.delivery import Entry
-
     ledger = Ledger(tmp_path / "l.sqlite")
     ledger.put("old", Entry("c", "m1", True))
     ledger.forget_older_than(3600)
