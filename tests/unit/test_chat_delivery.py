@@ -31,8 +31,10 @@ class Board:
 
     async def edit(self, channel_id: str, handle: str, text: str) -> None:
         await asyncio.sleep(self.delay / 2)
-        if self.fail_edits or handle in self.deleted:
-            raise PlatformError("message to edit not found")
+        if handle in self.deleted:
+            raise PlatformError("message to edit not found", gone=True)
+        if self.fail_edits:
+            raise PlatformError("Too Many Requests: retry after 3")
         self.messages[handle].append(text)
 
     async def delete(self, channel_id: str, handle: str) -> None:
@@ -112,3 +114,17 @@ def test_the_ledger_forgets_old_entries(tmp_path: Path) -> None:
     ledger.forget_older_than(-1)
     assert ledger.get("old") is None
     ledger.close()
+
+
+async def test_a_final_edit_refused_for_now_is_retried_not_sent_twice() -> None:
+    """A rate-limited final edit must not leave the streamed message and a second one: the reply
+    fails (its caller retries it later), and the retry edits the same message."""
+    board = Board()
+    delivery = Delivery(board, Ledger(None), edit_interval=0.0)
+    await delivery.chunk("r", "c", "", 1, "Almost")
+    board.fail_edits = True
+    with pytest.raises(PlatformError):
+        await delivery.reply("r", "c", "", "Almost done.")
+    board.fail_edits = False
+    await delivery.reply("r", "c", "", "Almost done.")
+    assert board.messages == {"m1": ["Almost", "Almost done."]}

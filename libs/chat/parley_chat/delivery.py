@@ -25,7 +25,13 @@ log = get_logger(__name__)
 
 
 class PlatformError(Exception):
-    """A platform API call failed (the message is the platform's reason, never a token)."""
+    """A platform API call failed (the message is the platform's reason, never a token).
+    ``gone``: the message it named no longer exists (deleted by someone); otherwise the failure may
+    pass (a rate limit, an outage) and the call is worth repeating later."""
+
+    def __init__(self, reason: str, *, gone: bool = False) -> None:
+        super().__init__(reason)
+        self.gone = gone
 
 
 class ChatPlatform(Protocol):
@@ -180,7 +186,9 @@ class Delivery:
                         await self.platform.edit(channel_id, handle, final)
                         self.counts.edited += 1
                     except PlatformError as exc:
-                        # The streamed message is gone (deleted by someone): the answer still arrives.
+                        if not exc.gone:
+                            raise  # a rate limit or an outage: the reply comes again and edits then
+                        # The streamed message was deleted by someone: the answer still arrives.
                         log.warning(
                             "final edit failed; sending anew", response_id=response_id, reason=str(exc)
                         )

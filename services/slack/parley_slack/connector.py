@@ -37,6 +37,7 @@ log = get_logger(__name__)
 
 DEFAULT_API_URL = "https://slack.com/api/"
 SEEN_EVENTS = 10_000  # event ids remembered for answering retries at once
+GONE = {"message_not_found", "cant_update_message", "channel_not_found"}  # no such message any more
 
 
 class SlackPlatform:
@@ -49,7 +50,8 @@ class SlackPlatform:
         try:
             response = await self.client.api_call(method, json=params)
         except SlackApiError as exc:
-            raise PlatformError(f"{method}: {exc.response.get('error', 'failed')}") from None
+            error = str(exc.response.get("error", "failed"))
+            raise PlatformError(f"{method}: {error}", gone=error in GONE) from None
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise PlatformError(f"{method}: {type(exc).__name__}") from None
         return dict(response.data) if isinstance(response.data, dict) else {}

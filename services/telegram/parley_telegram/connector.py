@@ -51,7 +51,9 @@ class TelegramPlatform:
         return self.bot
 
     def _error(self, exc: TelegramError) -> PlatformError:
-        return PlatformError(f"{type(exc).__name__}: {exc.message}".replace(self._token, "<token>"))
+        gone = isinstance(exc, BadRequest) and "not found" in exc.message.lower()
+        reason = f"{type(exc).__name__}: {exc.message}".replace(self._token, "<token>")
+        return PlatformError(reason, gone=gone)
 
     async def send(self, channel_id: str, in_reply_to: str, text: str) -> str:
         chat, topic = split_channel(channel_id)
