@@ -62,6 +62,10 @@ class Ledger:
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(path) if path is not None else ":memory:")
+        # WAL without a sync per commit: an entry survives the process being killed (it is in the
+        # OS's cache), and a commit does not stall the event loop on the disk.
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS sent (response_id TEXT PRIMARY KEY, channel_id TEXT NOT NULL,"
             " handle TEXT NOT NULL, final INTEGER NOT NULL, at REAL NOT NULL)"
