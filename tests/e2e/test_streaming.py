@@ -290,3 +290,41 @@ async def test_parley_turns_cancel(world: World) -> None:
     bad = await asyncio.to_thread(run, ["turns", "cancel", "default", "not-a-uuid"], env)
     assert bad.returncode == 1
     assert "turn_id must be a UUID" in bad.stderr
+
+
+async def test_a_cancel_racing_the_reply_either_stops_it_or_says_it_was_too_late(world: World) -> None:
+    """Cancels fired at random moments of fast turns: ``cancelled`` is true exactly when no reply
+    was published, and the stream's final chunk agrees."""
+    runtime = RuntimeClient(RpcClient(world.bus), timeout=10)
+    messages = [inbound(f"race number {i}", source=SOURCE) for i in range(24)]
+
+    async def race(i: int, message: runtime_pb2.InboundMessage) -> bool:
+        await publish_inbound(world.bus, message)
+        await asyncio.sleep((i % 12) * 0.06)  # before the turn starts, while it streams, after it
+        answer = await runtime.CancelTurn(
+            runtime_pb2.CancelTurnRequest(
+                agent_id=DEFAULT_AGENT_ID, source=SOURCE, message_id=message.message_id
+            )
+        )
+        return answer.cancelled
+
+    cancelled = await asyncio.gather(*(race(i, m) for i, m in enumerate(messages)))
+    assert any(cancelled)  # some landed while their turn ran (12 of 24 in a quiet run)
+
+    async def settled(message: runtime_pb2.InboundMessage) -> tuple[str, int] | None:
+        turn = turn_of(world.suite.env.database_url, message)
+        return turn if turn and turn[0] != "running" else None
+
+    for message, was_cancelled in zip(messages, cancelled, strict=True):
+        state, _ = await eventually(lambda m=message: settled(m), timeout=30, what="the turn to end")  # type: ignore[misc]
+        replies = await replies_to(world.bus, message)
+        if was_cancelled:
+            assert state == "cancelled"
+            assert replies == []
+        else:
+            assert state == "replied"
+            assert len(replies) == 1
+        final = [c for c in world.chunks.of(message) if c.final]
+        if final or was_cancelled:
+            final_chunk = await world.chunks.final(message)
+            assert final_chunk.outcome == ("cancelled" if was_cancelled else "completed")
