@@ -52,7 +52,10 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 RUN groupadd --system --gid 10001 parley \
     && useradd --system --uid 10001 --gid parley --no-create-home \
-        --home-dir /nonexistent --shell /usr/sbin/nologin parley
+        --home-dir /nonexistent --shell /usr/sbin/nologin parley \
+    && mkdir -p /var/lib/parley && chown parley:parley /var/lib/parley
+# /var/lib/parley: the chat connectors' ledgers of delivered replies (a named volume in compose
+# starts as a copy of this folder, so it is theirs to write).
 
 COPY --from=build /opt/venv /opt/venv
 

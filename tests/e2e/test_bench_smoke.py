@@ -42,6 +42,11 @@ RUNS: dict[str, tuple[list[str], set[str], set[str]]] = {
         {"ratio_autonomous_to_message_turn", "ratio_tick_to_message_turn"},
         {"message_turn", "autonomous_turn", "tick"},
     ),
+    "chat_connectors.py": (
+        ["--turns", "5"],
+        {"telegram_p50_ratio_to_kit", "telegram_p50_ms", "kit_p50_ms"},
+        {"telegram", "kit"},
+    ),
     "confirmations.py": (
         ["--approvals", "10", "--in-flight", "4"],
         {"ratio_to_floor", "floor_approval_p50_ms"},
@@ -88,6 +93,11 @@ RUNS: dict[str, tuple[list[str], set[str], set[str]]] = {
             "lag_p99_ms",
         },
         {"parley_1_replica", "pgqueuer_1_process", "procrastinate_1_process"},
+    ),
+    "streaming.py": (
+        ["--turns", "3", "--model-latency-ms", "20", "--chunk-delay-ms", "2"],
+        {"first_chunk_ratio_to_gateway"},
+        {"runtime_first_chunk", "gateway_first_text", "gateway_first_item", "first_chunk_overhead_p50_ms"},
     ),
     "turn_latency.py": (
         ["--sequential", "10", "--concurrent", "20", "--in-flight", "8"],

@@ -85,8 +85,11 @@ def source_text() -> str:
 
 
 def python_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The services built from this repository (the rest use published images)."""
-    found = {name: svc for name, svc in compose["services"].items() if "build" in svc}
+    """The suite's services built from this repository (the rest use published images; the
+    optional chat connectors, under a profile, are checked by ``test_chat_connectors_...``)."""
+    found = {
+        name: svc for name, svc in compose["services"].items() if "build" in svc and not svc.get("profiles")
+    }
     assert {"runtime", "model-gateway"} <= set(found), sorted(found)
     return found
 
@@ -222,6 +225,23 @@ def test_every_service_has_a_healthcheck_and_python_ones_probe_their_grpc_port(
             compile(argv[3], f"<{name} healthcheck>", "exec")  # a typo here keeps a service unhealthy
             if variable in argv[4:]:
                 assert argv[argv.index(variable) + 1] == str(default), f"{name}: healthcheck default port"
+
+
+def test_chat_connectors_are_optional_and_run_with_mounted_credentials(compose: dict[str, Any]) -> None:
+    """Telegram and Slack start only with their profile, never need their tokens for other
+    commands, and read the credentials file of `parley connectors add` from a mounted folder."""
+    for name, module in (("telegram", "parley_telegram"), ("slack", "parley_slack")):
+        service = compose["services"][name]
+        assert service.get("profiles") == [name], name
+        assert service_module(name, service) == module
+        assert importlib.util.find_spec(f"{module}.__main__") is not None, module
+        env = environment(service)
+        assert env["PARLEY_CONNECTOR_CREDENTIALS"] == f"/etc/parley/connectors/{name}.json"
+        assert any(str(v).startswith("./deploy/connectors:") for v in service["volumes"]), name
+        tokens = {k: v for k, v in env.items() if "TOKEN" in k or "SECRET" in k}
+        assert tokens, name
+        assert all(v.endswith(":-}") for v in tokens.values()), f"{name}: {tokens}"
+        assert "PARLEY_OPERATOR_TOKEN" not in env, f"{name} is a connector, not an operator"
 
 
 def test_runtime_runs_replicas_and_replicated_services_publish_no_fixed_host_port(

@@ -65,3 +65,8 @@ class RuntimeClient(NatsClient):
         self, request: runtime_pb2.GetAutonomyRequest, *, timeout: float | None = None
     ) -> runtime_pb2.AutonomyStatus:
         return await self._call("GetAutonomy", request, runtime_pb2.AutonomyStatus, timeout)
+
+    async def CancelTurn(
+        self, request: runtime_pb2.CancelTurnRequest, *, timeout: float | None = None
+    ) -> runtime_pb2.CancelTurnResponse:
+        return await self._call("CancelTurn", request, runtime_pb2.CancelTurnResponse, timeout)

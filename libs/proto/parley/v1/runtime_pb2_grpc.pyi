@@ -42,6 +42,8 @@ class RuntimeStub:
     GetTurn: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.GetTurnRequest, _runtime_pb2.Turn]
     SetAutonomy: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.SetAutonomyRequest, _runtime_pb2.AutonomyStatus]
     GetAutonomy: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.GetAutonomyRequest, _runtime_pb2.AutonomyStatus]
+    CancelTurn: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.CancelTurnRequest, _runtime_pb2.CancelTurnResponse]
+    """Stop a running turn: its generation is cancelled, it ends as cancelled, no reply is sent."""
 
 @_typing.type_check_only
 class RuntimeAsyncStub(RuntimeStub):
@@ -57,6 +59,8 @@ class RuntimeAsyncStub(RuntimeStub):
     GetTurn: _aio.UnaryUnaryMultiCallable[_runtime_pb2.GetTurnRequest, _runtime_pb2.Turn]  # type: ignore[assignment]
     SetAutonomy: _aio.UnaryUnaryMultiCallable[_runtime_pb2.SetAutonomyRequest, _runtime_pb2.AutonomyStatus]  # type: ignore[assignment]
     GetAutonomy: _aio.UnaryUnaryMultiCallable[_runtime_pb2.GetAutonomyRequest, _runtime_pb2.AutonomyStatus]  # type: ignore[assignment]
+    CancelTurn: _aio.UnaryUnaryMultiCallable[_runtime_pb2.CancelTurnRequest, _runtime_pb2.CancelTurnResponse]  # type: ignore[assignment]
+    """Stop a running turn: its generation is cancelled, it ends as cancelled, no reply is sent."""
 
 class RuntimeServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -135,5 +139,13 @@ class RuntimeServicer(metaclass=_abc_1.ABCMeta):
         request: _runtime_pb2.GetAutonomyRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_pb2.AutonomyStatus, _abc.Awaitable[_runtime_pb2.AutonomyStatus]]: ...
+
+    @_abc_1.abstractmethod
+    def CancelTurn(
+        self,
+        request: _runtime_pb2.CancelTurnRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_pb2.CancelTurnResponse, _abc.Awaitable[_runtime_pb2.CancelTurnResponse]]:
+        """Stop a running turn: its generation is cancelled, it ends as cancelled, no reply is sent."""
 
 def add_RuntimeServicer_to_server(servicer: RuntimeServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

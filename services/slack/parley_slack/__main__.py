@@ -1,0 +1,5 @@
+import sys
+
+from .connector import main
+
+sys.exit(main())
