@@ -102,18 +102,20 @@ class Access:
         cached = self.names.get(agent_id)
         if isinstance(cached, str):
             return cached
+        names: dict[str, str] = {}
         offset = 0
         while True:
             reply = await self.runtime.ListAgents(
                 runtime_pb2.ListAgentsRequest(page=common_pb2.PageRequest(limit=100, offset=offset))
             )
             for agent in reply.agents:
+                names[agent.id] = agent.name
                 self.names.put(agent.id, agent.name)
             if not reply.page.has_more:
                 break
             offset = reply.page.next_offset
-        name = self.names.get(agent_id)
-        if not isinstance(name, str):
+        name = names.get(agent_id)
+        if name is None:
             raise errors.MODEL_NOT_FOUND("the agent of this API key does not exist any more")
         return name
 

@@ -1,0 +1,228 @@
+"""The web connector as its users meet it: the official `openai` client against the real service
+(gateway, runtime, pairing and web as processes, real NATS and Postgres), streaming and not, with
+the errors in OpenAI's shape and status; a user's room persisting across requests; a revoked key
+refused."""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import httpx
+import openai
+import pytest
+
+from parley.v1 import pairing_pb2, runtime_pb2
+from parley.v1.pairing_nats import PairingClient
+from parley_devinfra.infra import free_port
+from parley_platform.bus import Bus
+from parley_platform.rpc import RpcClient
+from parley_platform.testing import eventually
+from support import DEFAULT_AGENT_ID, SessionEnv, Suite, replies_to
+
+
+@dataclass
+class Web:
+    suite: Suite
+    bus: Bus
+    pairing: PairingClient
+    url: str
+    key: str
+    name: str
+    clients: list[openai.AsyncOpenAI] = field(default_factory=list)
+
+    def client(self, key: str | None = None, url: str | None = None) -> openai.AsyncOpenAI:
+        """The official client (no retries: each request is one message), closed after the module."""
+        made = openai.AsyncOpenAI(
+            base_url=f"{url or self.url}/v1", api_key=key or self.key, max_retries=0, timeout=60
+        )
+        self.clients.append(made)
+        return made
+
+    async def add_key(self, name: str) -> str:
+        created = await self.pairing.AddConnector(
+            pairing_pb2.AddConnectorRequest(name=name, agent_id=DEFAULT_AGENT_ID, source="web", kind="web")
+        )
+        return created.api_key
+
+    async def reply_to(self, completion_id: str) -> runtime_pb2.OutboundMessage:
+        """The reply on the OUTBOUND stream to the message a completion id names."""
+        message = runtime_pb2.InboundMessage(
+            agent_id=DEFAULT_AGENT_ID, source="web", message_id=completion_id.removeprefix("chatcmpl-")
+        )
+        [reply] = await eventually(lambda: replies_to(self.bus, message), timeout=20, what="the reply")
+        return reply
+
+
+async def start_web(suite: Suite, **extra: str) -> str:
+    port = free_port()
+    await suite.add_service("parley_web", "WEB", PARLEY_WEB_PORT=str(port), **extra)
+
+    async def answers() -> bool:
+        async with httpx.AsyncClient() as http:
+            try:
+                return (await http.get(f"http://127.0.0.1:{port}/")).status_code == 200
+            except httpx.TransportError:
+                return False
+
+    await eventually(answers, timeout=20, what="the web service's HTTP port")
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+async def web(test_env: SessionEnv, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Web]:
+    suite = Suite(test_env, tmp_path_factory.mktemp("web"), f"w{secrets.token_hex(4)}")
+    try:
+        await suite.start(runtimes=1)
+        await suite.add_service("parley_pairing", "PAIRING")
+        # Checked keys are not cached: a revocation counts at once.
+        url = await start_web(suite, PARLEY_WEB_CACHE_SECONDS="0")
+        bus = await suite.connect()
+        try:
+            pairing = PairingClient(RpcClient(bus), timeout=10)
+            web = Web(suite, bus, pairing, url, "", f"site-{secrets.token_hex(3)}")
+            web.key = await web.add_key(web.name)
+            try:
+                yield web
+            finally:
+                for client in web.clients:
+                    await client.close()
+        finally:
+            await bus.close()
+    finally:
+        suite.stop()
+
+
+async def test_a_completion_is_the_agents_reply(web: Web) -> None:
+    completion = await web.client().chat.completions.create(
+        model="default",
+        messages=[{"role": "system", "content": "be nice"}, {"role": "user", "content": "hello there"}],
+        user="ann",
+    )
+    assert completion.object == "chat.completion"
+    [choice] = completion.choices
+    assert choice.message.role == "assistant"
+    assert choice.finish_reason == "stop"
+    reply = await web.reply_to(completion.id)
+    assert choice.message.content == reply.text
+    assert "hello there" in reply.text
+
+
+async def test_a_streamed_completion_adds_up_to_the_reply(web: Web) -> None:
+    stream = await web.client().chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "tell me a story"}], user="ann", stream=True
+    )
+    chunks = [chunk async for chunk in stream]
+    assert {c.object for c in chunks} == {"chat.completion.chunk"}
+    assert len({c.id for c in chunks}) == 1
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text == (await web.reply_to(chunks[0].id)).text
+    assert "tell me a story" in text
+
+
+async def test_models_lists_the_keys_agent(web: Web) -> None:
+    models = await web.client().models.list()
+    assert [m.id for m in models.data] == ["default"]
+
+
+async def test_a_wrong_key_gets_401_in_openai_shape(web: Web) -> None:
+    with pytest.raises(openai.AuthenticationError) as caught:
+        await web.client(key="sk-" + secrets.token_urlsafe(24)).chat.completions.create(
+            model="default", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert caught.value.status_code == 401
+    body = caught.value.response.json()
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["code"] == "invalid_api_key"
+    assert body["error"]["type"] == "invalid_request_error"
+    async with httpx.AsyncClient() as http:
+        missing = await http.get(f"{web.url}/v1/models")
+    assert missing.status_code == 401
+    assert missing.json()["error"]["code"] == "invalid_api_key"
+
+
+async def test_an_unknown_model_gets_404(web: Web) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        await web.client().chat.completions.create(
+            model="nobody-" + uuid.uuid4().hex[:6], messages=[{"role": "user", "content": "hi"}]
+        )
+    error = caught.value.response.json()["error"]
+    assert error["code"] == "model_not_found"
+    assert error["param"] == "model"
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b"{not json", "not JSON"),
+        (b"[1, 2]", "JSON object"),
+        (b'{"messages": [{"role": "user", "content": "hi"}]}', "model is required"),
+        (b'{"model": "default"}', "messages must be"),
+        (b'{"model": "default", "messages": [{"role": "system", "content": "x"}]}', "no user message"),
+        (b'{"model": "default", "messages": [{"role": "user", "content": 42}]}', "content must be"),
+        (b'{"model": "default", "messages": [{"role": "user", "content": "x"}], "stream": "y"}', "stream"),
+    ],
+)
+async def test_a_malformed_body_gets_400_saying_what_is_wrong(web: Web, body: bytes, says: str) -> None:
+    async with httpx.AsyncClient() as http:
+        response = await http.post(
+            f"{web.url}/v1/chat/completions",
+            content=body,
+            headers={"Authorization": f"Bearer {web.key}", "Content-Type": "application/json"},
+        )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert says in error["message"]
+
+
+async def test_a_users_room_persists_across_requests(web: Web) -> None:
+    client = web.client()
+    user = f"bob-{secrets.token_hex(3)}"
+    for text in ("first words", "second words"):
+        await client.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": text}], user=user
+        )
+    async with httpx.AsyncClient() as http:
+        history = await http.get(
+            f"{web.url}/api/history",
+            params={"model": "default", "user": user},
+            headers={"Authorization": f"Bearer {web.key}"},
+        )
+        other = await http.get(
+            f"{web.url}/api/history",
+            params={"model": "default", "user": "someone-else"},
+            headers={"Authorization": f"Bearer {web.key}"},
+        )
+    messages = history.json()["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
+    assert [m["content"] for m in messages[::2]] == ["first words", "second words"]
+    assert all("words" not in m["content"] for m in other.json()["messages"])
+
+
+async def test_a_revoked_key_is_refused(web: Web) -> None:
+    name = f"gone-{secrets.token_hex(3)}"
+    key = await web.add_key(name)
+    assert [m.id for m in (await web.client(key).models.list()).data] == ["default"]
+    await web.pairing.RevokeConnector(pairing_pb2.RevokeConnectorRequest(name=name))
+    with pytest.raises(openai.AuthenticationError):
+        await web.client(key).models.list()
+
+
+async def test_no_reply_in_time_gets_504(web: Web) -> None:
+    # A web replica of its own with a short deadline; the scripted model takes 8 s for this one.
+    url = await start_web(web.suite, PARLEY_WEB_REPLY_TIMEOUT_SECONDS="1")
+    client = web.client(url=url)
+    try:
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.chat.completions.create(
+                model="default", messages=[{"role": "user", "content": "please be very slow"}]
+            )
+        assert caught.value.status_code == 504
+        assert caught.value.response.json()["error"]["code"] == "reply_timeout"
+    finally:
+        web.suite.others.pop().stop()
