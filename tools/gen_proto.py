@@ -93,6 +93,7 @@ NATS_BASE = '''"""The base of the generated NATS clients (``*_nats.py``). Genera
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Protocol, TypeVar
 
 from google.protobuf.message import Message
@@ -107,6 +108,17 @@ class Transport(Protocol):
         self, service: str, method: str, request: Message, response_type: type[R], *, timeout: float
     ) -> R: ...
 
+    def stream(
+        self,
+        service: str,
+        method: str,
+        request: Message,
+        response_type: type[R],
+        *,
+        timeout: float,
+        idle_timeout: float | None = None,
+    ) -> AsyncIterator[R]: ...
+
 
 class NatsClient:
     """A service's methods over NATS request/reply, each with the client's deadline unless given one."""
@@ -120,12 +132,21 @@ class NatsClient:
     async def _call(self, method: str, request: Message, response: type[R], timeout: float | None) -> R:
         budget = self.timeout if timeout is None else timeout
         return await self.transport.call(self.SERVICE, method, request, response, timeout=budget)
+
+    def _stream(
+        self, method: str, request: Message, response: type[R], timeout: float | None, idle: float | None
+    ) -> AsyncIterator[R]:
+        budget = self.timeout if timeout is None else timeout
+        return self.transport.stream(
+            self.SERVICE, method, request, response, timeout=budget, idle_timeout=idle
+        )
 '''
 
 
 def nats_clients(file: descriptor_pb2.FileDescriptorProto, owners: dict[str, str]) -> str:
     """A typed client class per service: a method is an attribute, not a string."""
     imports = set()
+    streaming = False
     lines: list[str] = []
     for service in file.service:
         nats = _nats_service(service)
@@ -138,12 +159,28 @@ def nats_clients(file: descriptor_pb2.FileDescriptorProto, owners: dict[str, str
             f'    SERVICE = "{nats}"',
         ]
         for method in service.method:
-            if method.client_streaming or method.server_streaming:
-                continue  # streams are served over gRPC only
+            if method.client_streaming:
+                continue  # client streams are served over gRPC only
             request, response = (
                 f"{owners[t]}.{t.rsplit('.', 1)[-1]}" for t in (method.input_type, method.output_type)
             )
             imports |= {owners[method.input_type], owners[method.output_type]}
+            if method.server_streaming:
+                streaming = True
+                lines += [
+                    "",
+                    f"    def {method.name}(",
+                    "        self,",
+                    f"        request: {request},",
+                    "        *,",
+                    "        timeout: float | None = None,",
+                    "        idle_timeout: float | None = None,",
+                    f"    ) -> AsyncIterator[{response}]:",
+                    '        """Streamed; closing the iterator cancels the call."""',
+                    f'        return self._stream("{method.name}", request, {response}, timeout,'
+                    " idle_timeout)",
+                ]
+                continue
             lines += [
                 "",
                 f"    async def {method.name}(",
@@ -156,6 +193,7 @@ def nats_clients(file: descriptor_pb2.FileDescriptorProto, owners: dict[str, str
         "",
         "from __future__ import annotations",
         "",
+        *(["from collections.abc import AsyncIterator", ""] if streaming else []),
         f"from parley.v1 import {', '.join(sorted(imports))}",
         "from parley.v1._nats import NatsClient",
     ]

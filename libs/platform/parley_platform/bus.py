@@ -69,6 +69,14 @@ class Subjects:
     def outbound(self, agent_id: str, source: str) -> str:
         return f"{self.ns}.outbound.{agent_id}.{source}"
 
+    def chunks(self, agent_id: str, source: str) -> str:
+        """Where the runtime publishes a reply's text as it is generated (core NATS, StreamChunk)."""
+        return f"{self.ns}.stream.{agent_id}.{source}"
+
+    def cancel(self, agent_id: str, source: str) -> str:
+        """Where a connector cancels its source's turns (CancelTurnRequest; every runtime listens)."""
+        return f"{self.ns}.cancel.{agent_id}.{source}"
+
     def events(self, agent_id: str, event_type: str) -> str:
         return f"{self.ns}.events.{agent_id}.{event_type}"
 

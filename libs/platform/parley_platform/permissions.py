@@ -38,6 +38,18 @@ def rpc(service: str, *methods: str) -> list[str]:
     return [f"{NS}.{service}.{method}" for method in methods]
 
 
+def stream_control(service: str) -> str:
+    """Where a caller of the service's streamed methods pings or cancels its streams
+    (``parley_platform.rpcstream``)."""
+    return f"{NS}.{service}.stream.*"
+
+
+def stream_inbox(identity: str) -> str:
+    """Where the items of the identity's streamed calls arrive: a part of its inbox that the servers
+    of those calls may publish to, without reaching its other replies."""
+    return f"{inbox_prefix(identity)}.stream.>"
+
+
 @dataclass(frozen=True)
 class Permissions:
     publish: tuple[str, ...] = ()
@@ -88,10 +100,16 @@ IDENTITIES: dict[str, Identity] = {
                 f"{NS}.inbound.>",
                 f"{NS}.self.>",
                 f"{NS}.outbound.>",
+                f"{NS}.stream.>",
                 f"{NS}.events.>",
                 f"{NS}.dead.>",
                 f"{NS}.runtime.agents.changed",
-                *rpc("model", "Generate", "Embed", "AddSection", "Drain", "DisposeSections"),
+                f"{NS}.runtime.turns.cancel",
+                f"{NS}.runtime.rooms.taken",
+                *rpc(
+                    "model", "Generate", "GenerateStream", "Embed", "AddSection", "Drain", "DisposeSections"
+                ),
+                stream_control("model"),
                 *rpc(
                     "authz", "PutPending", "ListPendingToolCalls", "Decide", "Settle", "ListMessageToolCalls"
                 ),
@@ -104,6 +122,7 @@ IDENTITIES: dict[str, Identity] = {
             ],
             subscribe=[
                 f"{NS}.outbound.*.api",
+                f"{NS}.cancel.>",
                 f"{NS}.tasks.run.RUNTIME_EMBED_BACKFILL",
                 f"{NS}.model.batcher.result.>",
                 MAX_DELIVERIES,
@@ -119,6 +138,8 @@ IDENTITIES: dict[str, Identity] = {
             publish=[
                 f"{NS}.model.batcher.result.>",
                 f"{NS}.model.budget.changed",
+                stream_inbox("runtime"),
+                stream_inbox("operator"),
                 *rpc("scheduler", "CreateTask", "ResumeTask"),
                 REGISTER_WORKER,
                 WORKER_HEARTBEAT,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import nats.errors
@@ -25,6 +25,7 @@ from .bus import Bus, translate_nats_error
 from .errors import ParleyError
 from .logging import get_logger
 from .metrics import MessagingMetrics
+from .rpcstream import StreamHandler, call_stream, serve_stream
 
 log = get_logger(__name__)
 
@@ -44,6 +45,7 @@ class RpcServer:
         self.service = service
         self.metrics = metrics
         self._handlers: dict[str, tuple[type[Message], RpcHandler]] = {}
+        self._streams: dict[str, tuple[type[Message], StreamHandler]] = {}
         self._subs: list[Any] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(max_concurrency)
@@ -55,19 +57,27 @@ class RpcServer:
     ) -> None:
         self._handlers[method] = (request_type, handler)
 
+    def register_stream(
+        self, method: str, request_type: type[Req], handler: Callable[[Req], AsyncIterator[Message]]
+    ) -> None:
+        """A server-streaming method (see ``rpcstream`` for the protocol)."""
+        self._streams[method] = (request_type, handler)
+
     async def start(self) -> None:
-        for method in self._handlers:
+        for method in [*self._handlers, *self._streams]:
             subject = self.bus.subjects.rpc(self.service, method)
 
             async def on_message(msg: Msg, method: str = method) -> None:
                 # Subscription callbacks run one at a time; each request gets its own task.
                 await self._slots.acquire()
-                task = asyncio.create_task(self._serve(method, msg))
+                serve = self._serve_stream if method in self._streams else self._serve
+                task = asyncio.create_task(serve(method, msg))
                 self._tasks.add(task)
                 task.add_done_callback(self._done)
 
             self._subs.append(await self.bus.subscribe(subject, on_message, queue=self.service))
-        log.info("rpc serving", service=self.service, methods=",".join(sorted(self._handlers)))
+        methods = ",".join(sorted([*self._handlers, *self._streams]))
+        log.info("rpc serving", service=self.service, methods=methods)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -106,6 +116,18 @@ class RpcServer:
             log.exception("rpc handler crashed", service=self.service, method=method)
             err = codes.INTERNAL(f"{method} failed unexpectedly")
             await self._reply(msg, err.to_proto().SerializeToString(), "error")
+        finally:
+            if self.metrics:
+                self._observer(method, outcome).observe(time.perf_counter() - started)
+
+    async def _serve_stream(self, method: str, msg: Msg) -> None:
+        request_type, handler = self._streams[method]
+        started = time.perf_counter()
+        outcome = "INTERNAL"
+        try:
+            outcome = await serve_stream(self.bus, self.service, method, request_type, handler, msg)
+        except Exception:
+            log.exception("rpc stream crashed", service=self.service, method=method)
         finally:
             if self.metrics:
                 self._observer(method, outcome).observe(time.perf_counter() - started)
@@ -151,6 +173,21 @@ def _deadline_of(msg: Msg) -> float | None:
 class RpcClient:
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
+
+    def stream(
+        self,
+        service: str,
+        method: str,
+        request: Message,
+        response_type: type[Resp],
+        *,
+        timeout: float = 60.0,
+        idle_timeout: float | None = None,
+    ) -> AsyncIterator[Resp]:
+        """A server-streaming call's items (see ``rpcstream``); close the iterator to cancel it."""
+        return call_stream(
+            self.bus, service, method, request, response_type, timeout=timeout, idle_timeout=idle_timeout
+        )
 
     async def call(
         self, service: str, method: str, request: Message, response_type: type[Resp], *, timeout: float = 10.0

@@ -56,9 +56,12 @@ def methods(impl: Any, pb2: ModuleType, service: str) -> tuple[Method, ...]:
 
 
 def register_nats(server: RpcServer, impl: Any, pb2: ModuleType, service: str) -> None:
-    """Every unary method over NATS request/reply (streams are served over gRPC only)."""
+    """Every method over NATS: unary ones as request/reply, server-streaming ones as streamed
+    calls (``rpcstream``)."""
     for method in methods(impl, pb2, service):
-        if not method.streaming:
+        if method.streaming:
+            server.register_stream(method.name, method.request_type, method.call)
+        else:
             server.register(method.name, method.request_type, method.call)
 
 

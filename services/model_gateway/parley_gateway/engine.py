@@ -352,14 +352,16 @@ class Engine:
                     async with protected.limiter.slot():
                         self.metrics.inflight.labels(provider.name).inc()
                         try:
-                            async for item in provider.stream(
-                                call.request.bounded(max_tokens=output, timeout=self.provider_timeout)
-                            ):
-                                if isinstance(item, Completion):
-                                    completion = item
-                                else:
-                                    sent = True
-                                    yield item
+                            # Closed however this generator ends: a caller that stops reading
+                            # (a cancelled turn) closes the provider's stream, not the GC.
+                            bounded = call.request.bounded(max_tokens=output, timeout=self.provider_timeout)
+                            async with contextlib.aclosing(provider.stream(bounded)) as items:  # type: ignore[type-var]
+                                async for item in items:
+                                    if isinstance(item, Completion):
+                                        completion = item
+                                    else:
+                                        sent = True
+                                        yield item
                         finally:
                             self.metrics.inflight.labels(provider.name).dec()
                 except ParleyError as exc:

@@ -22,9 +22,13 @@ from xml.sax.saxutils import escape
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from parley_platform.logging import get_logger
+
 from . import errors
 from .batching import scripted_batch_answer
 from .provider import Chunk, Completion, Embeddings, ProviderRequest, estimate_tokens
+
+log = get_logger(__name__)
 
 
 class Rule(BaseModel):
@@ -36,6 +40,8 @@ class Rule(BaseModel):
     thought: str = ""
     raw: str | None = None  # answer exactly this text instead of a <response> block
     latency_ms: float | None = Field(default=None, ge=0, le=60_000)
+    # When streamed: the pause before each word-sized piece (a slow model, for streaming tests).
+    chunk_delay_ms: float = Field(default=0, ge=0, le=60_000)
 
     @field_validator("match")
     @classmethod
@@ -104,6 +110,7 @@ class ScriptedProvider:
     latency_ms: float = 0.0
     name: str = "scripted"
     model: str = "scripted-v1"
+    cancelled: int = 0  # streams closed before their end (their caller went away)
     _compiled: list[tuple[re.Pattern[str], Rule]] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -114,17 +121,21 @@ class ScriptedProvider:
         return self.model
 
     def _answer(self, prompt: str) -> tuple[str, float]:
+        text, latency, _ = self._answer_rule(prompt)
+        return text, latency
+
+    def _answer_rule(self, prompt: str) -> tuple[str, float, Rule | None]:
         for pattern, rule in self._compiled:
             found = pattern.search(prompt)
             if found is not None:
-                return self._render(rule, found), self._latency(rule)
+                return self._render(rule, found), self._latency(rule), rule
         batch = scripted_batch_answer(prompt)
         if batch is not None:
-            return batch, self.latency_ms
+            return batch, self.latency_ms, None
         for pattern, rule in self._builtin:
             found = pattern.search(prompt)
             if found is not None:
-                return self._render(rule, found), self._latency(rule)
+                return self._render(rule, found), self._latency(rule), rule
         raise AssertionError("the fallback rule matches every prompt")
 
     def _latency(self, rule: Rule) -> float:
@@ -154,10 +165,22 @@ class ScriptedProvider:
         )
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk | Completion]:
+        _, _, rule = self._answer_rule(request.prompt)
+        delay = rule.chunk_delay_ms / 1000 if rule is not None else 0.0
         completion = await self.generate(request)
         # Word-sized pieces, so streaming clients see more than one chunk.
-        for piece in re.findall(r"\S+\s*|\s+", completion.text):
-            yield Chunk(piece)
+        pieces = re.findall(r"\S+\s*|\s+", completion.text)
+        sent = 0
+        try:
+            for piece in pieces:
+                if delay:
+                    await asyncio.sleep(delay)
+                yield Chunk(piece)
+                sent += 1
+        except (asyncio.CancelledError, GeneratorExit):
+            self.cancelled += 1
+            log.info("scripted stream cancelled", sent=sent, of=len(pieces))
+            raise
         yield completion
 
     async def close(self) -> None:

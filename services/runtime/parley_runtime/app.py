@@ -16,6 +16,7 @@ from parley_platform.consumer import PullConsumer
 from parley_platform.errors import ParleyError
 from parley_platform.host import ServiceHost, ServiceSpec
 from parley_platform.logging import get_logger
+from parley_platform.service import Combined
 from parley_platform.worker import WorkerHost
 
 from . import errors
@@ -36,10 +37,12 @@ from .store import MIGRATIONS_DIR, SCHEMA, RuntimeStore
 from .tasks import ensure_tasks, runtime_workers
 from .turn.approvals import Approvals
 from .turn.confirmations import CLAIMED, SETTLED, Confirmations
+from .turn.control import CancelTurnApi, TurnControl
 from .turn.ports import Events, Inbox, Model, Outbox, Ports
 from .turn.processor import TurnProcessor
 from .turn.services import Resources
 from .turn.state import TurnMetrics, TurnSettings
+from .turn.streaming import ChunkPublisher, RunningTurns
 
 log = get_logger(__name__)
 
@@ -104,10 +107,16 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
         events=Events(bus),
         authz=authz,
         pairing=PairingGate(rpc, timeout=s.pairing_timeout_seconds),
+        chunks=ChunkPublisher(bus),
     )
     resources = Resources(store, DocumentStore(host.db), model, Approvals(authz, store))
     metrics = TurnMetrics(host.registry)
+    running = RunningTurns()
+    control = TurnControl(bus, running)
+    await control.start()
     turns = TurnProcessor(
+        running=running,
+        control=control,
         resources=resources,
         ports=ports,
         directory=directory,
@@ -140,7 +149,10 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
     await bus.subscribe(changes, on_change)
     registry = custom_actions(s, CustomActionStore(host.db), directory)
     host.serve(
-        RuntimeApi(store=store, bus=bus, directory=directory, waiters=waiters, embed=model.embed),
+        Combined(
+            RuntimeApi(store=store, bus=bus, directory=directory, waiters=waiters, embed=model.embed),
+            CancelTurnApi(control),
+        ),
         runtime_pb2,
         "Runtime",
     )

@@ -221,3 +221,11 @@ ACCESS_REVISION_CHANGED = define(
     "The document's grants changed since the expected access revision; the message names the current one.",
     hint="read the document again and retry with its access_revision",
 )
+
+# Turn cancellation
+INVALID_CANCEL = define(
+    "INVALID_CANCEL",
+    Kind.INVALID_ARGUMENT,
+    "A CancelTurn request does not name a turn: it needs an agent id and a turn id, or the message id "
+    "of the message that started the turn with its source.",
+)

@@ -158,11 +158,18 @@ class Redactor:
     longest secret, not the number of secrets.
     """
 
-    __slots__ = ("_pattern",)
+    __slots__ = ("_pattern", "longest")
 
     def __init__(self, values: Iterable[str]) -> None:
         kept = {v for v in values if len(v) >= _MIN_SECRET_LENGTH}
         self._pattern = re.compile(_trie_pattern(kept)) if kept else None
+        self.longest = max((len(v) for v in kept), default=0)  # what a streamed text holds back
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """Where ``redact`` would replace, in order."""
+        if self._pattern is None:
+            return []
+        return [m.span() for m in self._pattern.finditer(text)]
 
     def __repr__(self) -> str:
         return f"Redactor(active={self._pattern is not None})"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Protocol, TypeVar
 
 from google.protobuf.message import Message
@@ -16,6 +17,17 @@ class Transport(Protocol):
         self, service: str, method: str, request: Message, response_type: type[R], *, timeout: float
     ) -> R: ...
 
+    def stream(
+        self,
+        service: str,
+        method: str,
+        request: Message,
+        response_type: type[R],
+        *,
+        timeout: float,
+        idle_timeout: float | None = None,
+    ) -> AsyncIterator[R]: ...
+
 
 class NatsClient:
     """A service's methods over NATS request/reply, each with the client's deadline unless given one."""
@@ -29,3 +41,11 @@ class NatsClient:
     async def _call(self, method: str, request: Message, response: type[R], timeout: float | None) -> R:
         budget = self.timeout if timeout is None else timeout
         return await self.transport.call(self.SERVICE, method, request, response, timeout=budget)
+
+    def _stream(
+        self, method: str, request: Message, response: type[R], timeout: float | None, idle: float | None
+    ) -> AsyncIterator[R]:
+        budget = self.timeout if timeout is None else timeout
+        return self.transport.stream(
+            self.SERVICE, method, request, response, timeout=budget, idle_timeout=idle
+        )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from parley.v1 import model_pb2
 from parley.v1._nats import NatsClient
 
@@ -15,6 +17,16 @@ class ModelGatewayClient(NatsClient):
         self, request: model_pb2.GenerateRequest, *, timeout: float | None = None
     ) -> model_pb2.GenerateResponse:
         return await self._call("Generate", request, model_pb2.GenerateResponse, timeout)
+
+    def GenerateStream(
+        self,
+        request: model_pb2.GenerateRequest,
+        *,
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+    ) -> AsyncIterator[model_pb2.GenerateChunk]:
+        """Streamed; closing the iterator cancels the call."""
+        return self._stream("GenerateStream", request, model_pb2.GenerateChunk, timeout, idle_timeout)
 
     async def Embed(
         self, request: model_pb2.EmbedRequest, *, timeout: float | None = None

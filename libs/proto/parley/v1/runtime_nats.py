@@ -55,3 +55,8 @@ class RuntimeClient(NatsClient):
         self, request: runtime_pb2.GetTurnRequest, *, timeout: float | None = None
     ) -> runtime_pb2.Turn:
         return await self._call("GetTurn", request, runtime_pb2.Turn, timeout)
+
+    async def CancelTurn(
+        self, request: runtime_pb2.CancelTurnRequest, *, timeout: float | None = None
+    ) -> runtime_pb2.CancelTurnResponse:
+        return await self._call("CancelTurn", request, runtime_pb2.CancelTurnResponse, timeout)

@@ -79,6 +79,11 @@ class RuntimeStub:
                 request_serializer=parley_dot_v1_dot_runtime__pb2.GetTurnRequest.SerializeToString,
                 response_deserializer=parley_dot_v1_dot_runtime__pb2.Turn.FromString,
                 _registered_method=True)
+        self.CancelTurn = channel.unary_unary(
+                '/parley.v1.Runtime/CancelTurn',
+                request_serializer=parley_dot_v1_dot_runtime__pb2.CancelTurnRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_runtime__pb2.CancelTurnResponse.FromString,
+                _registered_method=True)
 
 
 class RuntimeServicer:
@@ -138,6 +143,13 @@ class RuntimeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelTurn(self, request, context):
+        """Stop a running turn: its generation is cancelled, it ends as cancelled, no reply is sent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RuntimeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +197,11 @@ def add_RuntimeServicer_to_server(servicer, server):
                     servicer.GetTurn,
                     request_deserializer=parley_dot_v1_dot_runtime__pb2.GetTurnRequest.FromString,
                     response_serializer=parley_dot_v1_dot_runtime__pb2.Turn.SerializeToString,
+            ),
+            'CancelTurn': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelTurn,
+                    request_deserializer=parley_dot_v1_dot_runtime__pb2.CancelTurnRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_runtime__pb2.CancelTurnResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -430,6 +447,33 @@ class Runtime:
             '/parley.v1.Runtime/GetTurn',
             parley_dot_v1_dot_runtime__pb2.GetTurnRequest.SerializeToString,
             parley_dot_v1_dot_runtime__pb2.Turn.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.Runtime/CancelTurn',
+            parley_dot_v1_dot_runtime__pb2.CancelTurnRequest.SerializeToString,
+            parley_dot_v1_dot_runtime__pb2.CancelTurnResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -40,6 +40,8 @@ class RuntimeStub:
     SearchMemories: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.SearchMemoriesRequest, _runtime_pb2.SearchMemoriesResponse]
     ListTurns: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.ListTurnsRequest, _runtime_pb2.ListTurnsResponse]
     GetTurn: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.GetTurnRequest, _runtime_pb2.Turn]
+    CancelTurn: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.CancelTurnRequest, _runtime_pb2.CancelTurnResponse]
+    """Stop a running turn: its generation is cancelled, it ends as cancelled, no reply is sent."""
 
 @_typing.type_check_only
 class RuntimeAsyncStub(RuntimeStub):
@@ -53,6 +55,8 @@ class RuntimeAsyncStub(RuntimeStub):
     SearchMemories: _aio.UnaryUnaryMultiCallable[_runtime_pb2.SearchMemoriesRequest, _runtime_pb2.SearchMemoriesResponse]  # type: ignore[assignment]
     ListTurns: _aio.UnaryUnaryMultiCallable[_runtime_pb2.ListTurnsRequest, _runtime_pb2.ListTurnsResponse]  # type: ignore[assignment]
     GetTurn: _aio.UnaryUnaryMultiCallable[_runtime_pb2.GetTurnRequest, _runtime_pb2.Turn]  # type: ignore[assignment]
+    CancelTurn: _aio.UnaryUnaryMultiCallable[_runtime_pb2.CancelTurnRequest, _runtime_pb2.CancelTurnResponse]  # type: ignore[assignment]
+    """Stop a running turn: its generation is cancelled, it ends as cancelled, no reply is sent."""
 
 class RuntimeServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -117,5 +121,13 @@ class RuntimeServicer(metaclass=_abc_1.ABCMeta):
         request: _runtime_pb2.GetTurnRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_pb2.Turn, _abc.Awaitable[_runtime_pb2.Turn]]: ...
+
+    @_abc_1.abstractmethod
+    def CancelTurn(
+        self,
+        request: _runtime_pb2.CancelTurnRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_pb2.CancelTurnResponse, _abc.Awaitable[_runtime_pb2.CancelTurnResponse]]:
+        """Stop a running turn: its generation is cancelled, it ends as cancelled, no reply is sent."""
 
 def add_RuntimeServicer_to_server(servicer: RuntimeServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -99,7 +99,7 @@ CREATE TABLE runtime.turn (
     -- The inbound stream's creation time (microseconds): sequences restart in a new stream.
     stream_epoch  bigint NOT NULL DEFAULT 0,
     state         text NOT NULL CHECK (state IN ('received', 'running', 'replied', 'ignored', 'failed',
-                                                 'superseded')),
+                                                 'superseded', 'cancelled')),
     lease_token   bigint,
     attempts      integer NOT NULL DEFAULT 1 CHECK (attempts > 0),
     response_id   uuid,

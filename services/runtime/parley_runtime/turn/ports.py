@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from parley.v1 import model_pb2, runtime_pb2
@@ -24,6 +24,7 @@ from ..agents.directory import AgentInfo
 from .inbound import ORIGIN_METADATA, Origin
 from .prompt import Segment, join_segments
 from .reply import Reply
+from .streaming import ChunkPublisher
 
 MODEL_TYPES = {
     (False, False): model_pb2.MODEL_TYPE_TEXT_LARGE,
@@ -54,6 +55,20 @@ class Model:
             segments=[model_pb2.PromptSegment(content=s.content, stable=s.stable) for s in segments],
         )
         return (await self.gateway.Generate(request)).text
+
+    def stream(
+        self, agent_id: uuid.UUID, segments: Sequence[Segment]
+    ) -> AsyncIterator[model_pb2.GenerateChunk]:
+        """The reply's generation as the model writes it; the last chunk is ``done`` with the whole
+        response. Closing the iterator cancels the generation (the gateway closes its provider's
+        stream)."""
+        request = model_pb2.GenerateRequest(
+            agent_id=str(agent_id),
+            model_type=MODEL_TYPES[(False, False)],
+            prompt=join_segments(segments),
+            segments=[model_pb2.PromptSegment(content=s.content, stable=s.stable) for s in segments],
+        )
+        return self.gateway.GenerateStream(request)
 
     async def embed(self, texts: Sequence[str], agent_id: uuid.UUID) -> list[list[float]]:
         reply = await self.gateway.Embed(model_pb2.EmbedRequest(agent_id=str(agent_id), texts=texts))
@@ -124,3 +139,4 @@ class Ports:
     events: Events
     authz: AuthzClient
     pairing: PairingGate
+    chunks: ChunkPublisher

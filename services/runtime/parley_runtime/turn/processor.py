@@ -21,6 +21,7 @@ from ..records import NewMessage
 from ..sdk import HistoryLine, Participant
 from ..store import RuntimeStore
 from .actions import ActionRunner
+from .control import TurnControl
 from .inbound import Inbound, decode_inbound, origin_of, parse_subject
 from .pipeline import Pipeline, Stage
 from .ports import Ports
@@ -35,6 +36,7 @@ from .stages.gate import Gate
 from .stages.plan import Plan
 from .stages.should_respond import ShouldRespond
 from .state import Turn, TurnMetrics, TurnSettings
+from .streaming import FAILED, FINAL_OUTCOMES, IGNORED, ReplyStream, Running, RunningTurns
 
 log = get_logger(__name__)
 
@@ -48,7 +50,11 @@ class TurnProcessor:
         directory: AgentDirectory,
         metrics: TurnMetrics,
         settings: TurnSettings,
+        running: RunningTurns,
+        control: TurnControl,
     ) -> None:
+        self.running = running
+        self.control = control
         self.resources = resources
         self.store: RuntimeStore = resources.store
         self.ports = ports
@@ -63,7 +69,11 @@ class TurnProcessor:
             ShouldRespond(self.store, ports.model, trajectory_logging=logging),
             Compose(metrics, timeout=settings.provider_timeout),
             Plan(
-                ports.model, metrics, provider_timeout=settings.provider_timeout, trajectory_logging=logging
+                ports.model,
+                self.store,
+                metrics,
+                provider_timeout=settings.provider_timeout,
+                trajectory_logging=logging,
             ),
             Act(runner),
             Confirm(self.store, ports.authz, ports.events),
@@ -97,7 +107,7 @@ class TurnProcessor:
             raise
         message = Inbound(proto, agent.id, origin=origin_of(subject, proto))
         try:
-            outcome = await self._turn(delivery, message, agent)
+            outcome = await self._turn(delivery, message, agent, started)
         except Exception as exc:
             if delivery.num_delivered >= self.settings.max_deliver or is_permanent(exc):
                 await self.store.finish_turn(
@@ -132,7 +142,7 @@ class TurnProcessor:
                 turn_id=str(turn_id),
             )
 
-    async def _turn(self, delivery: Delivery, message: Inbound, agent: AgentInfo) -> str:
+    async def _turn(self, delivery: Delivery, message: Inbound, agent: AgentInfo, taken: float) -> str:
         started = time.perf_counter()
         proto = message.proto
         ingested = await self.store.ingest(
@@ -205,10 +215,38 @@ class TurnProcessor:
                 Participant(str(p.entity_id), list(p.names), p.role, p.state) for p in ingested.participants
             ],
         )
+        if ingested.lease_token > 1:  # the room had turns before: an older one may still run
+            await self.control.room_taken(agent.id, message.room_id, ingested.lease_token)
         turn = Turn(agent, message, ctx, ingested.lease_token, ingested, delivery)
+        turn.stream = ReplyStream(
+            self.ports.chunks,
+            self.metrics.first_chunk,
+            agent.id,
+            turn.id,
+            proto.source,
+            proto.channel_id,
+            proto.message_id,
+            started=taken,
+        )
+        running = Running(
+            agent.id,
+            turn.id,
+            turn.room_id,
+            message.source,
+            ingested.lease_token,
+            keeps_replies=bool(agent.flag("BASIC_CAPABILITIES_KEEP_RESP")),
+            abort=turn.abort,
+        )
         events = self.ports.events
         await events.emit(agent, "RUN_STARTED", turn.id, turn.room_id, source=message.source)
-        outcome = await self.pipeline.run(turn)
+        with self.running.track(running):
+            try:
+                outcome = await self.pipeline.run(turn)
+            except BaseException:
+                await turn.stream.close(FAILED)
+                raise
+        if outcome != "duplicate":  # else the copy holding the turn streams its reply
+            await turn.stream.close(FINAL_OUTCOMES.get(outcome, IGNORED))
         await events.emit(agent, "RUN_ENDED", turn.id, turn.room_id, status=outcome)
         return outcome
 

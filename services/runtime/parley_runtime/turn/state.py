@@ -15,6 +15,7 @@ from ..agents.directory import AgentInfo
 from ..records import Ingested
 from ..sdk import Action, Content, TurnContext
 from .inbound import Inbound
+from .streaming import Abort, ReplyStream
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,18 @@ class TurnMetrics:
         self.actions = Counter(
             "parley_actions_total", "Actions run", ["action", "outcome"], registry=registry
         )
+        self.first_chunk = Histogram(
+            "parley_turn_first_chunk_seconds",
+            "Inbound message taken to the first streamed text of its reply",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.aborted = Counter(
+            "parley_turns_aborted_total",
+            "Running turns stopped (by a cancel or a newer message in the room)",
+            ["outcome"],
+            registry=registry,
+        )
         self.providers_failed = Counter(
             "parley_providers_failed_total",
             "Providers that failed or timed out",
@@ -85,6 +98,8 @@ class Turn:
     trajectory: dict[str, Any] = field(default_factory=dict)
     raw_output: str = ""  # the model's last answer, as it came
     outcome: str | None = None  # set by the stage that decides it (deliver)
+    abort: Abort = field(default_factory=Abort)  # a cancel or a newer message stops the turn
+    stream: ReplyStream | None = None  # the first reply's text, published as it is generated
 
     @property
     def id(self) -> uuid.UUID:

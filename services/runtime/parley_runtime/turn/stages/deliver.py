@@ -12,6 +12,7 @@ from ..pipeline import Stage, Stop
 from ..ports import Events, Outbox
 from ..reply import Reply
 from ..state import Turn, TurnMetrics
+from ..streaming import COMPLETED, REVISED
 
 log = get_logger(__name__)
 
@@ -55,6 +56,19 @@ class Deliver(Stage):
 
     async def _deliver(self, turn: Turn) -> str:
         agent = turn.agent
+        aborted = turn.abort.seal()
+        if aborted is not None:
+            turn.trajectory["aborted"] = aborted.reason
+            await self.store.finish_turn(
+                agent.id,
+                turn.id,
+                aborted.outcome,
+                lease_token=turn.lease_token,
+                reason=aborted.reason,
+                trajectory=turn.recorded(self.trajectory_logging),
+            )
+            self.metrics.aborted.labels(aborted.outcome).inc()
+            return aborted.outcome
         if not turn.replies:
             await self.store.finish_turn(
                 agent.id,
@@ -86,4 +100,17 @@ class Deliver(Stage):
         for reply in replies:
             await self.outbox.publish(agent.id, turn.room_id, reply)
             await self.events.emit(agent, "MESSAGE_SENT", turn.id, turn.room_id, response_id=str(reply.id))
+        await self._end_stream(turn, replies[0])
         return "replied"
+
+    async def _end_stream(self, turn: Turn, first: Reply) -> None:
+        """The stream's final chunk: the rest of the first reply's text, when what was streamed is
+        its beginning (else ``revised``: the durable reply is what counts)."""
+        stream = turn.stream
+        if stream is None or first.id != stream.response_id:
+            return
+        if first.text.startswith(stream.text):
+            await stream.close(COMPLETED, first.text[len(stream.text) :])
+        else:
+            log.warning("streamed text is not the reply's beginning", turn_id=str(turn.id))
+            await stream.close(REVISED)

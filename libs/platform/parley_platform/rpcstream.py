@@ -1,0 +1,261 @@
+"""Server-streaming calls over NATS: the streamed counterpart of ``rpc``'s request/reply.
+
+The caller picks a stream id and subscribes to its own stream inbox
+``_INBOX.<identity>.stream.<id>``, then publishes the request on ``<ns>.<service>.<Method>`` with
+that inbox as reply subject and the id in ``Parley-Stream`` (one replica of the queue group takes
+it). The server answers on the inbox, every message with a ``Parley-Status`` header:
+
+- ``open`` (empty): the stream is being served; sent at once, before the first item;
+- ``ok``: one item (the method's response message);
+- ``end`` (empty): the last message of a completed stream;
+- ``error``: a ``parley.v1.Error`` envelope; the stream is over.
+
+The caller controls the stream on ``<ns>.<service>.stream.<id>``, which the serving replica
+subscribes to for the stream's life: ``ping`` every ``HEARTBEAT_SECONDS`` while it reads, and
+``cancel`` when it stops reading before the end (it closed the iterator, or its task was
+cancelled). The server cancels the handler's task, so the handler (a model provider's generator)
+sees ``CancelledError`` where it waits, when a cancel arrives, when no ping came for
+``idle_seconds`` (the caller crashed or lost NATS), or when the caller's deadline
+(``Parley-Deadline``) passes. The caller gives up, with ``DEADLINE_EXCEEDED``, when nothing
+arrives for its idle timeout or its deadline passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import nats.errors
+from google.protobuf.message import DecodeError, Message
+from nats.aio.msg import Msg
+
+from parley.v1 import common_pb2
+
+from . import codes
+from .bus import Bus, translate_nats_error
+from .errors import ParleyError
+from .logging import get_logger
+
+log = get_logger(__name__)
+
+STATUS = "Parley-Status"
+DEADLINE = "Parley-Deadline"
+STREAM = "Parley-Stream"
+OPEN, OK, END, ERROR = "open", "ok", "end", "error"
+PING, CANCEL = b"ping", b"cancel"
+HEARTBEAT_SECONDS = 2.0
+IDLE_SECONDS = 10.0  # the server's patience without a ping: five heartbeats
+_STREAM_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+Resp = TypeVar("Resp", bound=Message)
+StreamHandler = Callable[[Any], AsyncIterator[Message]]
+
+
+def control_subject(bus: Bus, service: str, stream_id: str) -> str:
+    return bus.subjects.rpc(service, f"stream.{stream_id}")
+
+
+def stream_inbox(bus: Bus) -> tuple[str, str]:
+    """A fresh (stream id, inbox) under the caller's ``<inbox prefix>.stream``."""
+    prefix, stream_id = bus.nc.new_inbox().rsplit(".", 1)
+    return stream_id, f"{prefix}.stream.{stream_id}"
+
+
+async def serve_stream(
+    bus: Bus,
+    service: str,
+    method: str,
+    request_type: type[Message],
+    handler: StreamHandler,
+    msg: Msg,
+    *,
+    idle_seconds: float = IDLE_SECONDS,
+) -> str:
+    """Serve one streamed call; returns its outcome (``ok``, ``CANCELLED``, an error code)."""
+    reply = msg.reply
+    headers = msg.headers or {}
+    stream_id = headers.get(STREAM, "")
+    if not reply:
+        return "INVALID_ARGUMENT"  # nowhere to answer
+    if not _STREAM_ID.match(stream_id):
+        await _send(
+            bus, reply, ERROR, codes.INVALID_ARGUMENT(f"{method}: {STREAM} header missing or invalid")
+        )
+        return "INVALID_ARGUMENT"
+    try:
+        request = request_type.FromString(msg.data)
+    except DecodeError:
+        error = codes.INVALID_PAYLOAD(f"{method}: request is not a valid {request_type.DESCRIPTOR.full_name}")
+        await _send(bus, reply, ERROR, error)
+        return error.code
+    loop = asyncio.get_running_loop()
+    deadline = _deadline_of(headers)
+    heard = loop.time()
+    cancelled = asyncio.Event()
+
+    async def on_control(control: Msg) -> None:
+        nonlocal heard
+        heard = loop.time()
+        if control.data == CANCEL:
+            cancelled.set()
+
+    sub = await bus.subscribe(control_subject(bus, service, stream_id), on_control)
+    await _send(bus, reply, OPEN)
+    pump = asyncio.create_task(_pump(bus, reply, handler(request), method))
+    stop = asyncio.create_task(cancelled.wait())
+    try:
+        while not pump.done():
+            now = loop.time()
+            budget = heard + idle_seconds - now
+            if deadline is not None:
+                budget = min(budget, deadline - time.time())
+            if cancelled.is_set() or budget <= 0:
+                break
+            await asyncio.wait({pump, stop}, timeout=budget, return_when=asyncio.FIRST_COMPLETED)
+        if pump.done():
+            return pump.result()
+        pump.cancel()
+        await asyncio.wait({pump})
+        if cancelled.is_set():
+            return "CANCELLED"
+        if deadline is not None and deadline <= time.time():
+            await _send(bus, reply, ERROR, codes.DEADLINE_EXCEEDED(f"{method}: caller's deadline exceeded"))
+            return "DEADLINE_EXCEEDED"
+        log.info("stream abandoned: its caller stopped pinging", method=method, stream=stream_id)
+        return "ABANDONED"
+    except asyncio.CancelledError:
+        pump.cancel()
+        await asyncio.wait({pump})
+        raise
+    finally:
+        stop.cancel()
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
+
+
+async def _pump(bus: Bus, reply: str, items: AsyncIterator[Message], method: str) -> str:
+    try:
+        async with contextlib.aclosing(items):  # type: ignore[type-var]
+            async for item in items:
+                await _publish(bus, reply, item.SerializeToString(), OK)
+        await _send(bus, reply, END)
+        return "ok"
+    except ParleyError as exc:
+        await _send(bus, reply, ERROR, exc)
+        return exc.code
+    except Exception:
+        log.exception("stream handler crashed", method=method)
+        await _send(bus, reply, ERROR, codes.INTERNAL(f"{method} failed unexpectedly"))
+        return "INTERNAL"
+
+
+async def _send(bus: Bus, reply: str, status: str, error: ParleyError | None = None) -> None:
+    await _publish(bus, reply, error.to_proto().SerializeToString() if error else b"", status)
+
+
+async def _publish(bus: Bus, subject: str, data: bytes, status: str) -> None:
+    with contextlib.suppress(nats.errors.Error):
+        await bus.nc.publish(subject, data, headers={STATUS: status})
+
+
+def _deadline_of(headers: dict[str, str]) -> float | None:
+    try:
+        return float(headers[DEADLINE])
+    except (KeyError, ValueError):
+        return None
+
+
+async def call_stream(
+    bus: Bus,
+    service: str,
+    method: str,
+    request: Message,
+    response_type: type[Resp],
+    *,
+    timeout: float,
+    idle_timeout: float | None = None,
+) -> AsyncIterator[Resp]:
+    """The items of a streamed call, as they arrive. Stopping early (``aclose``, cancellation)
+    cancels the call on the server. ``timeout`` bounds the whole stream, ``idle_timeout`` (default:
+    ``timeout``) the wait for each message."""
+    what = f"{service}.{method}"
+    subject = bus.subjects.rpc(service, method)
+    stream_id, inbox = stream_inbox(bus)
+    control = control_subject(bus, service, stream_id)
+    queue: asyncio.Queue[Msg] = asyncio.Queue()
+
+    async def on_message(msg: Msg) -> None:
+        queue.put_nowait(msg)
+
+    loop = asyncio.get_running_loop()
+    ends = loop.time() + timeout
+    idle = timeout if idle_timeout is None else idle_timeout
+    finished = opened = False
+    heartbeat: asyncio.Task[None] | None = None
+    try:
+        sub = await bus.nc.subscribe(inbox, cb=on_message)
+    except nats.errors.Error as exc:
+        raise translate_nats_error(exc, f"{what}: subscribe to its stream inbox") from exc
+    try:
+        headers = {DEADLINE: f"{time.time() + timeout:.3f}", STREAM: stream_id}
+        try:
+            await bus.nc.publish(subject, request.SerializeToString(), reply=inbox, headers=headers)
+        except nats.errors.Error as exc:
+            raise translate_nats_error(exc, what) from exc
+        while True:
+            wait = min(ends - loop.time(), idle)
+            try:
+                async with asyncio.timeout(max(wait, 0)):
+                    msg = await queue.get()
+            except TimeoutError as exc:
+                if bus.denied(subject):
+                    raise codes.NATS_PERMISSION_DENIED(
+                        f"{what}: the NATS server does not let this identity call it"
+                    ) from exc
+                raise codes.DEADLINE_EXCEEDED(
+                    f"{what}: {'no answer' if not opened else 'the stream went quiet'} within {wait:.1f}s"
+                ) from exc
+            headers_in = msg.headers or {}
+            status = headers_in.get(STATUS)
+            if status is None and headers_in.get("Status") == "503":
+                finished = True
+                raise codes.NO_RESPONDERS(f"{what}: no replica serves it")
+            if status == OPEN:
+                opened = True
+                heartbeat = asyncio.create_task(_heartbeat(bus, control))
+            elif status == OK:
+                try:
+                    item = response_type.FromString(msg.data)
+                except DecodeError as exc:
+                    raise codes.BAD_REPLY(f"{what}: a streamed item does not decode") from exc
+                yield item
+            elif status == END:
+                finished = True
+                return
+            elif status == ERROR:
+                finished = True
+                try:
+                    error = common_pb2.Error.FromString(msg.data)
+                except DecodeError as exc:
+                    raise codes.BAD_REPLY(f"{what}: an error does not decode") from exc
+                raise ParleyError.from_proto(error)
+            else:
+                raise codes.BAD_REPLY(f"{what}: a streamed message without {STATUS} header")
+    finally:
+        if heartbeat is not None:
+            heartbeat.cancel()
+        with contextlib.suppress(nats.errors.Error):
+            if not finished:
+                await bus.nc.publish(control, CANCEL)
+            await sub.unsubscribe()
+
+
+async def _heartbeat(bus: Bus, control: str) -> None:
+    with contextlib.suppress(nats.errors.Error):
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            await bus.nc.publish(control, PING)
