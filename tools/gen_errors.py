@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CATALOG_MODULES = [
     "parley_platform.codes",
     "parley_clients.codes",
+    "parley_connectors.codes",
     "parley_runtime.errors",
     "parley_gateway.errors",
     "parley_scheduler.errors",
