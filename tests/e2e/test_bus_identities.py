@@ -164,7 +164,7 @@ PUBLISH = {
     "{ns}.outbound.{a}.{s}": {"runtime", "operator"},
     "{ns}.outbound.{a}.web": {"runtime", "operator"},
     "{ns}.events.{a}.RUN_STARTED": {"runtime", "authz", "operator"},
-    "{ns}.dead.PARLEY_INBOUND": {"runtime", "authz", "operator", "web"},
+    "{ns}.dead.PARLEY_INBOUND": {"runtime", "authz", "operator"},
     "$JS.API.STREAM.NAMES": {"runtime", "authz", "operator"},
     "$JS.API.STREAM.DELETE.{NS}_INBOUND": {"runtime", "authz", "operator"},
     "$JS.API.CONSUMER.MSG.NEXT.{NS}_INBOUND.runtime": {"runtime", "authz", "operator"},

@@ -5,6 +5,7 @@ refused."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import uuid
 from collections.abc import AsyncIterator
@@ -13,8 +14,9 @@ import httpx
 import openai
 import pytest
 
-from parley.v1 import pairing_pb2
-from support import SessionEnv
+from parley.v1 import pairing_pb2, runtime_pb2
+from parley_platform.testing import eventually
+from support import SessionEnv, turn_of
 from web_support import Web, start_web, web_fixture
 
 
@@ -155,3 +157,35 @@ async def test_no_reply_in_time_gets_504(web: Web) -> None:
         assert caught.value.response.json()["error"]["code"] == "reply_timeout"
     finally:
         web.suite.others.pop().stop()
+
+
+async def test_a_reader_that_goes_away_cancels_the_turn(web: Web) -> None:
+    """The stream is closed after its first words: the runtime is asked to stop generating."""
+    async with (
+        httpx.AsyncClient(timeout=60) as http,
+        http.stream(
+            "POST",
+            f"{web.url}/v1/chat/completions",
+            json={
+                "model": "default",
+                "stream": True,
+                "messages": [{"role": "user", "content": "please stream slowly"}],
+            },
+            headers={"Authorization": f"Bearer {web.key}"},
+        ) as response,
+    ):
+        assert response.status_code == 200
+        completion_id = ""
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line.removeprefix("data: "))
+                completion_id = chunk["id"]
+                if chunk["choices"][0]["delta"].get("content"):
+                    break
+    message = runtime_pb2.InboundMessage(source="web", message_id=completion_id.removeprefix("chatcmpl-"))
+
+    async def cancelled() -> bool:
+        found = turn_of(web.suite.env.database_url, message)
+        return found is not None and found[0] == "cancelled"
+
+    await eventually(cancelled, timeout=20, what="the turn cancelled")

@@ -173,16 +173,14 @@ IDENTITIES: dict[str, Identity] = {
                 f"{NS}.cancel.*.{WEB_SOURCE}",
                 *rpc("pairing", "ConnectorByApiKey"),
                 *rpc("runtime", "ListAgents", "ListMemories"),
-                f"{NS}.dead.>",
                 # Its own durable consumer on OUTBOUND (any namespace's stream: a stream name is one
                 # token), created only with the filter of the web source's replies.
                 f"$JS.API.CONSUMER.CREATE.*.{WEB_DURABLE}.{NS}.outbound.*.{WEB_SOURCE}",
                 f"$JS.API.CONSUMER.INFO.*.{WEB_DURABLE}",
                 f"$JS.API.CONSUMER.MSG.NEXT.*.{WEB_DURABLE}",
                 f"$JS.ACK.*.{WEB_DURABLE}.>",
-                "$JS.API.STREAM.INFO.*",
             ],
-            subscribe=[f"{NS}.stream.*.{WEB_SOURCE}", MAX_DELIVERIES],
+            subscribe=[f"{NS}.stream.*.{WEB_SOURCE}"],
         ),
         "the web connector: the chat page and the OpenAI-compatible API; publishes its users' "
         "messages for source web, reads their replies through its own durable consumer",

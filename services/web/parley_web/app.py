@@ -53,7 +53,7 @@ class HttpServer:
 
 async def setup(host: ServiceHost[WebSettings]) -> None:
     s = host.settings
-    relay = Relay(host.bus, host.messaging)
+    relay = Relay(host.bus)
     access = Access(
         PairingClient(host.rpc, timeout=s.web_rpc_timeout_seconds),
         RuntimeClient(host.rpc, timeout=s.web_rpc_timeout_seconds),

@@ -33,3 +33,10 @@ REPLY_TIMEOUT = define(
     hint="the reply may still come: it is kept in the conversation's history",
     retryable=True,
 )
+TURN_ENDED = define(
+    "TURN_ENDED",
+    Kind.CONFLICT,
+    "The agent's turn ended without a reply: a newer message of the same user superseded it, or it was"
+    " cancelled.",
+    hint="send one message at a time per user, or read the reply to the newer one",
+)

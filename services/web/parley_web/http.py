@@ -18,13 +18,13 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from parley.v1 import runtime_pb2
+from parley_connectors import Inbound
 from parley_platform.errors import Kind, ParleyError
 from parley_platform.logging import get_logger
 
 from . import errors
 from .access import Access, Caller
-from .relay import SOURCE, Delta, Done, Relay
+from .relay import Delta, Done, Relay
 
 log = get_logger(__name__)
 
@@ -155,14 +155,13 @@ class WebApi:
         model, text, stream, user = parse_request(body, self.max_chars)
         agent_id = await self.access.model(caller, model)
         sender = caller.sender(user)
-        message = runtime_pb2.InboundMessage(
+        message = Inbound(
             agent_id=agent_id,
-            source=SOURCE,
             message_id=uuid.uuid4().hex,
             sender_id=sender,
             sender_name=user or caller.connector,
             channel_id=sender,
-            room_type=runtime_pb2.ROOM_TYPE_DM,
+            room_type="dm",
             text=text,
             metadata={"connector": caller.connector},
         )
@@ -171,14 +170,16 @@ class WebApi:
             return EventSourceResponse(self.stream(message, meta), ping=15)
         async with self.relay.waiting(agent_id, message.message_id) as waiter:
             await self.relay.send(message)
-            reply = None
+            end = None
             try:
                 async for event in waiter.events(self.reply_timeout):
                     if isinstance(event, Done):
-                        reply = event.reply
+                        end = event
             except TimeoutError as exc:
                 raise errors.REPLY_TIMEOUT(f"no reply within {self.reply_timeout:g} s") from exc
-        assert reply is not None
+        assert end is not None
+        if end.outcome != "completed":
+            raise errors.TURN_ENDED(f"the agent's turn ended without a reply: {end.outcome}")
         return JSONResponse(
             {
                 **meta,
@@ -186,7 +187,7 @@ class WebApi:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": reply.text},
+                        "message": {"role": "assistant", "content": end.text},
                         "finish_reason": "stop",
                     }
                 ],
@@ -194,7 +195,7 @@ class WebApi:
             }
         )
 
-    async def stream(self, message: runtime_pb2.InboundMessage, meta: dict[str, Any]) -> AsyncIterator[str]:
+    async def stream(self, message: Inbound, meta: dict[str, Any]) -> AsyncIterator[str]:
         def chunk(delta: dict[str, str], finish: str | None = None) -> str:
             choice = {"index": 0, "delta": delta, "finish_reason": finish}
             return json.dumps({**meta, "object": "chat.completion.chunk", "choices": [choice]})
@@ -207,8 +208,13 @@ class WebApi:
                 async for event in waiter.events(self.reply_timeout):
                     if isinstance(event, Delta):
                         yield chunk({"content": event.text})
-                finished = True
-                yield chunk({}, "stop")
+                    elif event.outcome != "completed":
+                        finished = True
+                        ended = errors.TURN_ENDED(f"the agent's turn ended without a reply: {event.outcome}")
+                        yield json.dumps(error_body(ended))
+                if not finished:
+                    finished = True
+                    yield chunk({}, "stop")
             except TimeoutError:
                 finished = True
                 failure = errors.REPLY_TIMEOUT(f"no reply within {self.reply_timeout:g} s")
