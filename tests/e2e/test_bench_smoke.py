@@ -84,6 +84,11 @@ RUNS: dict[str, tuple[list[str], set[str], set[str]]] = {
         {"ratio_to_floor", "throughput_ratio_to_floor"},
         {"turn_sequential", "turn_concurrent", "floor"},
     ),
+    "web.py": (
+        ["--sequential", "5", "--concurrent", "10", "--in-flight", "2"],
+        {"reply_p50_ratio_to_nats", "reply_throughput_ratio_to_nats", "first_chunk_p50_ratio_to_nats"},
+        {"series", "web_first_chunk_p50_ms"},
+    ),
     "turn_throughput.py": (
         ["--turns", "30", "--in-flight", "8", "--census", "10", "--floor-n", "20", "--settle", "0.5"],
         {"ratio_3_replicas_to_floor", "ratio_1_replica_to_floor", "sql_statements_per_turn"},

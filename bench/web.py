@@ -1,0 +1,247 @@
+"""The web connector's cost: the OpenAI-compatible endpoint against publishing on NATS directly.
+
+The suite runs as real processes (model gateway with the scripted model at zero latency, runtime,
+pairing, web). The same turns are taken two ways, in the same run:
+
+- direct: a client publishes the inbound message to JetStream and waits for the reply on the
+  outbound subject (and for the first stream chunk on the stream subject), as a connector on the
+  bus does: the floor the web service adds to;
+- web: ``POST /v1/chat/completions`` over HTTP with an API key, one complete reply
+  (``stream: false``), or the time to the first streamed content event (``stream: true``).
+
+Printed: p50 latency and throughput of each, and their ratios (web / direct), for complete replies
+and for the first chunk.
+
+Usage: python bench/web.py [--sequential 100] [--concurrent 400] [--in-flight 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import secrets
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import httpx
+from _common import BenchEnv, Series, bench_env, report, suite_env
+
+from parley.v1 import pairing_pb2, runtime_pb2
+from parley.v1.pairing_nats import PairingClient
+from parley_devinfra.infra import free_port
+from parley_platform.bus import Bus
+from parley_platform.rpc import RpcClient
+from parley_platform.testing import ServiceProcess, eventually
+
+AGENT_ID = str(uuid.uuid5(uuid.UUID("6f1f3f3e-6a0c-5b8e-9a57-5061726c6579"), "agent:default"))
+Op = Callable[[int, int], Awaitable[float | None]]
+
+
+async def timed(n: int, in_flight: int, op: Op, name: str) -> Series:
+    """Run ``op(i, slot)`` n times, at most ``in_flight`` at once. An op returning a number reports
+    its own latency (a first chunk); otherwise the whole call is timed."""
+    latencies: list[float] = []
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(n):
+        queue.put_nowait(i)
+
+    async def worker(slot: int) -> None:
+        while not queue.empty():
+            i = queue.get_nowait()
+            started = time.perf_counter()
+            own = await op(i, slot)
+            latencies.append(own if own is not None else time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(s) for s in range(in_flight)))
+    return Series(name, latencies, time.perf_counter() - started)
+
+
+class Direct:
+    """A connector on the bus (source ``bench``): replies and first chunks matched by message id."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.replies: dict[str, asyncio.Future[None]] = {}
+        self.chunks: dict[str, asyncio.Future[float]] = {}
+
+    async def start(self) -> None:
+        async def on_reply(msg: object) -> None:
+            reply = runtime_pb2.OutboundMessage.FromString(msg.data)  # type: ignore[attr-defined]
+            future = self.replies.pop(reply.in_reply_to, None)
+            if future and not future.done():
+                future.set_result(None)
+
+        async def on_chunk(msg: object) -> None:
+            chunk = runtime_pb2.StreamChunk.FromString(msg.data)  # type: ignore[attr-defined]
+            future = self.chunks.get(chunk.in_reply_to)
+            if future and not future.done() and chunk.delta:
+                future.set_result(time.perf_counter())
+
+        await self.bus.nc.subscribe(self.bus.subjects.outbound(AGENT_ID, "bench"), cb=on_reply)
+        await self.bus.nc.subscribe(f"{self.bus.subjects.ns}.stream.{AGENT_ID}.bench", cb=on_chunk)
+
+    async def send(self, i: int, slot: int) -> tuple[str, float]:
+        message_id = secrets.token_hex(8)
+        loop = asyncio.get_running_loop()
+        self.replies[message_id] = loop.create_future()
+        self.chunks[message_id] = loop.create_future()
+        inbound = runtime_pb2.InboundMessage(
+            agent_id=AGENT_ID,
+            source="bench",
+            message_id=message_id,
+            sender_id=f"user-{slot}",
+            sender_name=f"User {slot}",
+            channel_id=f"room-{slot}",
+            room_type=runtime_pb2.ROOM_TYPE_DM,
+            text=f"message {i}",
+        )
+        started = time.perf_counter()
+        await self.bus.publish(
+            self.bus.subjects.inbound(AGENT_ID, "bench"),
+            inbound.SerializeToString(),
+            msg_id=f"bench:{message_id}",
+        )
+        return message_id, started
+
+    async def reply(self, i: int, slot: int) -> None:
+        message_id, _ = await self.send(i, slot)
+        await asyncio.wait_for(self.replies[message_id], 30)
+        self.chunks.pop(message_id, None)
+
+    async def first_chunk(self, i: int, slot: int) -> float:
+        message_id, started = await self.send(i, slot)
+        at = await asyncio.wait_for(self.chunks[message_id], 30)
+        await asyncio.wait_for(self.replies[message_id], 30)
+        self.chunks.pop(message_id, None)
+        return at - started
+
+
+class Web:
+    """An HTTP client of the web service's OpenAI-compatible endpoint."""
+
+    def __init__(self, url: str, key: str, in_flight: int) -> None:
+        self.http = httpx.AsyncClient(
+            base_url=url,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=60,
+            limits=httpx.Limits(max_connections=in_flight, max_keepalive_connections=in_flight),
+        )
+
+    def body(self, i: int, slot: int, stream: bool) -> dict[str, object]:
+        return {
+            "model": "default",
+            "user": f"user-{slot}",
+            "stream": stream,
+            "messages": [{"role": "user", "content": f"message {i}"}],
+        }
+
+    async def reply(self, i: int, slot: int) -> None:
+        response = await self.http.post("/v1/chat/completions", json=self.body(i, slot, False))
+        response.raise_for_status()
+
+    async def first_chunk(self, i: int, slot: int) -> float:
+        started = time.perf_counter()
+        first = None
+        async with self.http.stream(
+            "POST", "/v1/chat/completions", json=self.body(i, slot, True)
+        ) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if first is None and line.startswith("data: {"):
+                    delta = json.loads(line[6:])["choices"][0]["delta"]
+                    if delta.get("content"):
+                        first = time.perf_counter() - started
+        assert first is not None, "no content streamed"
+        return first
+
+
+def process(module: str, key: str, env: dict[str, str], bench: BenchEnv, **extra: str) -> ServiceProcess:
+    port = free_port()
+    settings = {
+        **env,
+        f"PARLEY_{key}_GRPC_PORT": str(port),
+        f"PARLEY_{key}_METRICS_PORT": str(free_port()),
+        **extra,
+    }
+    return ServiceProcess(module, settings, bench.logs / f"{module}.log", port)
+
+
+async def main(args: argparse.Namespace) -> None:
+    with bench_env() as env:
+        common = suite_env(env)
+        web_port = free_port()
+        processes = [
+            process("parley_gateway", "GATEWAY", common, env),
+            process("parley_pairing", "PAIRING", common, env),
+            process("parley_runtime", "RUNTIME", common, env),
+            process("parley_web", "WEB", common, env, PARLEY_WEB_PORT=str(web_port)),
+        ]
+        bus = await Bus.connect(env.nats_url, name="bench", namespace=env.namespace)
+        web: Web | None = None
+        try:
+            for service in processes:
+                service.start()
+                await service.wait_ready(timeout=60)
+            created = await PairingClient(RpcClient(bus), timeout=10).AddConnector(
+                pairing_pb2.AddConnectorRequest(name="bench-web", agent_id=AGENT_ID, source="web", kind="web")
+            )
+            web = Web(f"http://127.0.0.1:{web_port}", created.api_key, args.in_flight)
+
+            async def answers() -> bool:
+                try:
+                    return (await web.http.get("/v1/models")).status_code == 200  # type: ignore[union-attr]
+                except httpx.TransportError:
+                    return False
+
+            await eventually(answers, timeout=30, what="the web service")
+            direct = Direct(bus)
+            await direct.start()
+            await timed(20, 1, direct.reply, "warm-up")
+            await timed(20, 1, web.reply, "warm-up")
+            rows = [
+                await timed(args.sequential, 1, direct.reply, "direct NATS: reply, sequential"),
+                await timed(args.sequential, 1, web.reply, "web API: reply, sequential"),
+                await timed(
+                    args.concurrent,
+                    args.in_flight,
+                    direct.reply,
+                    f"direct NATS: reply, {args.in_flight} in flight",
+                ),
+                await timed(
+                    args.concurrent, args.in_flight, web.reply, f"web API: reply, {args.in_flight} in flight"
+                ),
+                await timed(args.sequential, 1, direct.first_chunk, "direct NATS: first chunk, sequential"),
+                await timed(args.sequential, 1, web.first_chunk, "web API: first chunk, sequential"),
+            ]
+        finally:
+            if web is not None:
+                await web.http.aclose()
+            await bus.close()
+            for service in reversed(processes):
+                service.stop()
+
+    direct_seq, web_seq, direct_conc, web_conc, direct_first, web_first = rows
+    summary = {
+        "benchmark": "web",
+        "series": {row.name: row.figures() for row in rows},
+        "reply_p50_ratio_to_nats": round(web_seq.p50_ms / direct_seq.p50_ms, 2),
+        "reply_throughput_ratio_to_nats": round(web_conc.rate / direct_conc.rate, 2),
+        "first_chunk_p50_ratio_to_nats": round(web_first.p50_ms / direct_first.p50_ms, 2),
+        "web_first_chunk_p50_ms": round(web_first.p50_ms, 3),
+        "web_overhead_p50_ms": round(web_seq.p50_ms - direct_seq.p50_ms, 3),
+        "in_flight": args.in_flight,
+    }
+    report(
+        "The web connector against publishing on NATS directly (scripted model, zero latency)", rows, summary
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sequential", type=int, default=100)
+    parser.add_argument("--concurrent", type=int, default=400)
+    parser.add_argument("--in-flight", type=int, default=16)
+    asyncio.run(main(parser.parse_args()))
