@@ -71,6 +71,7 @@ class Direct:
         async def on_reply(msg: object) -> None:
             reply = runtime_pb2.OutboundMessage.FromString(msg.data)  # type: ignore[attr-defined]
             future = self.replies.pop(reply.in_reply_to, None)
+            self.chunks.pop(reply.in_reply_to, None)
             if future and not future.done():
                 future.set_result(None)
 
@@ -83,11 +84,14 @@ class Direct:
         await self.bus.nc.subscribe(self.bus.subjects.outbound(AGENT_ID, "bench"), cb=on_reply)
         await self.bus.nc.subscribe(f"{self.bus.subjects.ns}.stream.{AGENT_ID}.bench", cb=on_chunk)
 
-    async def send(self, i: int, slot: int) -> tuple[str, float]:
+    async def send(self, i: int, slot: int) -> tuple[asyncio.Future[None], asyncio.Future[float], float]:
+        """Publish message ``i``: (its reply, its first chunk's arrival, when it was sent)."""
         message_id = secrets.token_hex(8)
         loop = asyncio.get_running_loop()
-        self.replies[message_id] = loop.create_future()
-        self.chunks[message_id] = loop.create_future()
+        reply: asyncio.Future[None] = loop.create_future()
+        chunk: asyncio.Future[float] = loop.create_future()
+        self.replies[message_id] = reply
+        self.chunks[message_id] = chunk
         inbound = runtime_pb2.InboundMessage(
             agent_id=AGENT_ID,
             source="bench",
@@ -104,18 +108,16 @@ class Direct:
             inbound.SerializeToString(),
             msg_id=f"bench:{message_id}",
         )
-        return message_id, started
+        return reply, chunk, started
 
     async def reply(self, i: int, slot: int) -> None:
-        message_id, _ = await self.send(i, slot)
-        await asyncio.wait_for(self.replies[message_id], 30)
-        self.chunks.pop(message_id, None)
+        reply, _, _ = await self.send(i, slot)
+        await asyncio.wait_for(reply, 30)
 
     async def first_chunk(self, i: int, slot: int) -> float:
-        message_id, started = await self.send(i, slot)
-        at = await asyncio.wait_for(self.chunks[message_id], 30)
-        await asyncio.wait_for(self.replies[message_id], 30)
-        self.chunks.pop(message_id, None)
+        reply, chunk, started = await self.send(i, slot)
+        at = await asyncio.wait_for(chunk, 30)
+        await asyncio.wait_for(reply, 30)
         return at - started
 
 
