@@ -178,16 +178,37 @@ async def agents(
 
 @command(app)
 async def turns(
-    turn: str | None = typer.Argument(None, metavar="TURN_ID", help="show this turn with its trajectory"),
+    turn: str | None = typer.Argument(
+        None, metavar="TURN_ID | cancel", help="show this turn with its trajectory, or cancel one"
+    ),
+    rest: list[str] | None = typer.Argument(None, metavar="[AGENT TURN_ID]", help="with cancel: the turn"),
     agent: Agent = "default",
     room: Room = "",
     limit: Limit = 50,
     offset: Offset = 0,
 ) -> None:
-    """An agent's turns, newest first, or one with its trajectory.
+    """An agent's turns, newest first, or one with its trajectory, or cancel a running one.
 
-    With TURN_ID: its state, attempts, error and trajectory (what each stage did), when the
-    runtime records trajectories (PARLEY_TRAJECTORY_LOGGING)."""
+    \b
+    parley turns                       the turns of --agent, newest first
+    parley turns TURN_ID               its state, attempts, error and trajectory (what each stage
+                                       did, when PARLEY_TRAJECTORY_LOGGING records it)
+    parley turns cancel AGENT TURN_ID  stop a running turn: its generation stops, it ends
+                                       cancelled and sends no reply"""
+    if turn == "cancel":
+        if not rest or len(rest) != 2:
+            raise typer.BadParameter("cancel needs AGENT and TURN_ID")
+        request = runtime_pb2.CancelTurnRequest(
+            agent_id=rest[0], turn_id=rest[1], reason="cancelled by the operator"
+        )
+        answer = await client.runtime("CancelTurn", request)
+        if answer.cancelled:
+            print(f"turn {answer.turn_id} cancelled")
+        else:
+            print(f"turn {answer.turn_id} was not running (already finished, or unknown)")
+        return
+    if rest:
+        raise typer.BadParameter(f"unexpected arguments: {' '.join(rest)}")
     if turn:
         found = await client.runtime("GetTurn", runtime_pb2.GetTurnRequest(agent_id=agent, turn_id=turn))
         reason = f" ({found.reason})" if found.reason else ""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 from nats.aio.client import Client
+from test_cli import cli_env, run
 
 from parley.v1 import model_pb2, pairing_pb2, runtime_pb2, runtime_pb2_grpc
 from parley.v1.model_nats import ModelGatewayClient
@@ -271,3 +272,21 @@ def _echo(text: str) -> model_pb2.GenerateRequest:
 
 def _turn_id(message: runtime_pb2.InboundMessage) -> uuid.UUID:
     return uuid.uuid5(uuid.UUID(DEFAULT_AGENT_ID), f"{message.source}:message:{message.message_id}")
+
+
+async def test_parley_turns_cancel(world: World) -> None:
+    saw = world.provider_saw_cancels()
+    message = await world.start_slow()
+    env = cli_env(world.suite)
+    env["PARLEY_RUNTIME_ADDR"] = f"127.0.0.1:{world.suite.runtimes[0].grpc_port}"
+    turn = str(_turn_id(message))
+    result = await asyncio.to_thread(run, ["turns", "cancel", "default", turn], env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"turn {turn} cancelled"
+    await world.assert_stopped(message, "cancelled", saw)
+    again = await asyncio.to_thread(run, ["turns", "cancel", "default", turn], env)
+    assert again.returncode == 0, again.stderr
+    assert "was not running" in again.stdout
+    bad = await asyncio.to_thread(run, ["turns", "cancel", "default", "not-a-uuid"], env)
+    assert bad.returncode == 1
+    assert "turn_id must be a UUID" in bad.stderr

@@ -25,7 +25,7 @@ from .bus import Bus, translate_nats_error
 from .errors import ParleyError
 from .logging import get_logger
 from .metrics import MessagingMetrics
-from .rpcstream import StreamHandler, call_stream, serve_stream
+from .rpcstream import IDLE_SECONDS, StreamHandler, call_stream, serve_stream
 
 log = get_logger(__name__)
 
@@ -39,9 +39,16 @@ RpcHandler = Callable[[Any], Awaitable[Message]]
 
 class RpcServer:
     def __init__(
-        self, bus: Bus, service: str, *, metrics: MessagingMetrics | None = None, max_concurrency: int = 256
+        self,
+        bus: Bus,
+        service: str,
+        *,
+        metrics: MessagingMetrics | None = None,
+        max_concurrency: int = 256,
+        stream_idle_seconds: float = IDLE_SECONDS,
     ) -> None:
         self.bus = bus
+        self.stream_idle_seconds = stream_idle_seconds
         self.service = service
         self.metrics = metrics
         self._handlers: dict[str, tuple[type[Message], RpcHandler]] = {}
@@ -125,7 +132,15 @@ class RpcServer:
         started = time.perf_counter()
         outcome = "INTERNAL"
         try:
-            outcome = await serve_stream(self.bus, self.service, method, request_type, handler, msg)
+            outcome = await serve_stream(
+                self.bus,
+                self.service,
+                method,
+                request_type,
+                handler,
+                msg,
+                idle_seconds=self.stream_idle_seconds,
+            )
         except Exception:
             log.exception("rpc stream crashed", service=self.service, method=method)
         finally:

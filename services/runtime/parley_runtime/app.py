@@ -148,11 +148,9 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
     directory.connect(announce)
     await bus.subscribe(changes, on_change)
     registry = custom_actions(s, CustomActionStore(host.db), directory)
+    api = RuntimeApi(store=store, bus=bus, directory=directory, waiters=waiters, embed=model.embed)
     host.serve(
-        Combined(
-            RuntimeApi(store=store, bus=bus, directory=directory, waiters=waiters, embed=model.embed),
-            CancelTurnApi(control),
-        ),
+        Combined(api, CancelTurnApi(control, api.find_agent)),
         runtime_pb2,
         "Runtime",
     )

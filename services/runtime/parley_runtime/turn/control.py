@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import nats.errors
@@ -31,6 +32,7 @@ from parley_platform.errors import ParleyError
 from parley_platform.logging import get_logger
 
 from .. import errors, ids
+from ..agents.directory import AgentInfo
 from .streaming import RunningTurns
 
 log = get_logger(__name__)
@@ -131,10 +133,13 @@ class TurnControl:
 
 
 class CancelTurnApi:
-    """``Runtime.CancelTurn``, beside ``RuntimeApi``'s methods."""
+    """``Runtime.CancelTurn``, beside ``RuntimeApi``'s methods; the agent named by id or name."""
 
-    def __init__(self, control: TurnControl) -> None:
+    def __init__(self, control: TurnControl, find_agent: Callable[[str], Awaitable[AgentInfo]]) -> None:
         self.control = control
+        self.find_agent = find_agent
 
     async def CancelTurn(self, request: runtime_pb2.CancelTurnRequest) -> runtime_pb2.CancelTurnResponse:
+        if uuid_or_none(request.agent_id) is None and request.agent_id:
+            request.agent_id = str((await self.find_agent(request.agent_id)).id)
         return await self.control.cancel_turn(request)

@@ -1,0 +1,219 @@
+"""Streamed calls over NATS (``parley_platform.rpcstream``) against a real server: items in order,
+errors mid-stream, and every way a stream ends early reaching the handler as a cancellation (the
+caller closes it or is cancelled, stops pinging, or its deadline passes); no responders; a request
+without a stream id; concurrent streams kept apart."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from parley.v1 import common_pb2
+from parley.v1.model_pb2 import GenerateChunk, GenerateRequest
+from parley_platform.bus import Bus
+from parley_platform.errors import ParleyError, Unavailable
+from parley_platform.rpc import RpcClient, RpcServer
+from parley_platform.rpcstream import DEADLINE, STATUS, STREAM
+
+Handler = Callable[[GenerateRequest], AsyncIterator[GenerateChunk]]
+
+
+@dataclass
+class Slow:
+    """A handler that yields one item per ``delay`` and records how it ended."""
+
+    delay: float = 0.1
+    count: int = 100
+    sent: int = 0
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def __call__(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        try:
+            for i in range(self.count):
+                await asyncio.sleep(self.delay)
+                self.sent += 1
+                yield GenerateChunk(text=f"{request.prompt}{i} ")
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+
+@pytest.fixture
+def service() -> str:
+    return f"streamtest{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def serve(bus: Bus, service: str) -> AsyncIterator[Callable[..., object]]:
+    servers: list[RpcServer] = []
+
+    async def start(handler: Handler, *, idle: float = 10.0) -> RpcServer:
+        server = RpcServer(bus, service, stream_idle_seconds=idle)
+        server.register_stream("GenerateStream", GenerateRequest, handler)
+        await server.start()
+        await bus.nc.flush()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.stop(timeout=2)
+
+
+def call(bus: Bus, service: str, prompt: str = "p", *, timeout: float = 10) -> AsyncIterator[GenerateChunk]:
+    return RpcClient(bus).stream(
+        service, "GenerateStream", GenerateRequest(prompt=prompt), GenerateChunk, timeout=timeout
+    )
+
+
+async def test_items_arrive_in_order_then_the_end(
+    bus: Bus, service: str, serve: Callable[..., object]
+) -> None:
+    await serve(Slow(delay=0, count=50))  # type: ignore[operator]
+    got = [c.text async for c in call(bus, service, "x")]
+    assert got == [f"x{i} " for i in range(50)]
+
+
+async def test_an_error_mid_stream_reaches_the_caller_after_the_items(
+    bus: Bus, service: str, serve: Callable[..., object]
+) -> None:
+    async def failing(request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        yield GenerateChunk(text="one")
+        yield GenerateChunk(text="two")
+        raise Unavailable("provider went away", code="PROVIDER_DOWN", retryable=True)
+
+    await serve(failing)  # type: ignore[operator]
+    got: list[str] = []
+
+    async def read() -> None:
+        async for chunk in call(bus, service):
+            got.append(chunk.text)
+
+    with pytest.raises(ParleyError) as raised:
+        await read()
+    assert got == ["one", "two"]
+    assert raised.value.code == "PROVIDER_DOWN"
+    assert raised.value.retryable
+
+
+async def test_a_crashing_handler_is_internal(bus: Bus, service: str, serve: Callable[..., object]) -> None:
+    async def crashing(request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        yield GenerateChunk(text="one")
+        raise RuntimeError("secret detail")
+
+    await serve(crashing)  # type: ignore[operator]
+    with pytest.raises(ParleyError) as raised:
+        async for _ in call(bus, service):
+            pass
+    assert raised.value.code == "INTERNAL"
+    assert "secret" not in raised.value.message
+
+
+async def test_closing_the_stream_cancels_the_handler(
+    bus: Bus, service: str, serve: Callable[..., object]
+) -> None:
+    slow = Slow()
+    await serve(slow)  # type: ignore[operator]
+    stream = call(bus, service)
+    async for _ in stream:
+        break
+    await stream.aclose()  # type: ignore[attr-defined]
+    async with asyncio.timeout(5):
+        await slow.cancelled.wait()
+    sent = slow.sent
+    await asyncio.sleep(0.5)
+    assert slow.sent == sent < slow.count  # it stopped
+
+
+async def test_cancelling_the_callers_task_cancels_the_handler(
+    bus: Bus, service: str, serve: Callable[..., object]
+) -> None:
+    slow = Slow()
+    await serve(slow)  # type: ignore[operator]
+    first = asyncio.Event()
+
+    async def read() -> None:
+        async for _ in call(bus, service):
+            first.set()
+
+    reader = asyncio.create_task(read())
+    async with asyncio.timeout(5):
+        await first.wait()
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    async with asyncio.timeout(5):
+        await slow.cancelled.wait()
+
+
+async def test_a_caller_that_stops_pinging_is_abandoned(
+    bus: Bus, service: str, serve: Callable[..., object]
+) -> None:
+    slow = Slow(delay=0.05)
+    await serve(slow, idle=0.5)  # type: ignore[operator]
+    # A caller that vanished: the request went out, nobody pings or cancels.
+    inbox = f"{bus.nc.new_inbox()}"
+    sub = await bus.nc.subscribe(inbox)
+    await bus.nc.publish(
+        bus.subjects.rpc(service, "GenerateStream"),
+        GenerateRequest(prompt="p").SerializeToString(),
+        reply=inbox,
+        headers={STREAM: uuid.uuid4().hex},
+    )
+    async with asyncio.timeout(5):
+        await slow.cancelled.wait()
+    await sub.unsubscribe()
+    assert slow.sent < slow.count
+
+
+async def test_the_deadline_ends_the_stream_on_both_sides(
+    bus: Bus, service: str, serve: Callable[..., object]
+) -> None:
+    slow = Slow(delay=0.1)
+    await serve(slow)  # type: ignore[operator]
+    with pytest.raises(ParleyError) as raised:
+        async for _ in call(bus, service, timeout=0.6):
+            pass
+    assert raised.value.code == "DEADLINE_EXCEEDED"
+    async with asyncio.timeout(5):
+        await slow.cancelled.wait()
+
+
+async def test_no_responders_fails_fast(bus: Bus, service: str) -> None:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(ParleyError) as raised:
+        async for _ in call(bus, service, timeout=10):
+            pass
+    assert raised.value.code == "NO_RESPONDERS"
+    assert loop.time() - started < 5
+
+
+async def test_a_request_without_a_stream_id_is_refused(
+    bus: Bus, service: str, serve: Callable[..., object]
+) -> None:
+    await serve(Slow(delay=0, count=1))  # type: ignore[operator]
+    reply = await bus.nc.request(
+        bus.subjects.rpc(service, "GenerateStream"),
+        GenerateRequest(prompt="p").SerializeToString(),
+        timeout=5,
+        headers={DEADLINE: "9999999999"},
+    )
+    assert reply.headers is not None
+    assert reply.headers[STATUS] == "error"
+    assert common_pb2.Error.FromString(reply.data).code == "INVALID_ARGUMENT"
+
+
+async def test_concurrent_streams_do_not_cross(bus: Bus, service: str, serve: Callable[..., object]) -> None:
+    await serve(Slow(delay=0.001, count=20))  # type: ignore[operator]
+
+    async def one(n: int) -> list[str]:
+        return [c.text async for c in call(bus, service, f"s{n}-")]
+
+    results = await asyncio.gather(*(one(n) for n in range(40)))
+    for n, got in enumerate(results):
+        assert got == [f"s{n}-{i} " for i in range(20)]
