@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -13,6 +14,7 @@ import grpc
 from google.protobuf.message import Message
 
 from parley.v1 import common_pb2, runtime_pb2, runtime_pb2_grpc
+from parley_connectors import Chunk, Chunks, Connector, Inbound, Reply
 from parley_platform.bus import Bus
 from parley_platform.errors import DeadlineExceeded, FailedPrecondition, NotFound, Unauthenticated
 from parley_platform.grpcserver import error_from_rpc_error, open_channel
@@ -82,19 +84,28 @@ async def agent_id(ref: str) -> str:
         return (await resolve_agent(ref)).id
 
 
-class TerminalConnector:
-    """A connector like any other: publishes inbound messages, receives outbound ones."""
+def terminal_durable(user: str, agent_id: str) -> str:
+    """The terminal's durable consumer of an agent's replies, one per user: what it did not show
+    (a reply produced while no chat was open) waits there for the next chat."""
+    return "terminal-" + re.sub(r"[^A-Za-z0-9_-]", "_", user)[:64] + "-" + agent_id
 
-    def __init__(self, bus: Bus, agent_id: str, user: str) -> None:
-        self.bus = bus
+
+class TerminalConnector:
+    """A connector like any other, on the connector kit: publishes the user's messages, receives the
+    agent's replies through the user's durable consumer and its stream chunks as they arrive."""
+
+    def __init__(self, connector: Connector, agent_id: str, user: str) -> None:
+        self.connector = connector
         self.agent_id = agent_id
         self.user = user
-        self.replies: asyncio.Queue[runtime_pb2.OutboundMessage] = asyncio.Queue()
+        self.channel = f"terminal:{user}"
+        self.events: asyncio.Queue[Reply | Chunk] = asyncio.Queue()
 
     @classmethod
     @asynccontextmanager
     async def open(cls, agent_id: str, user: str | None = None) -> AsyncIterator[TerminalConnector]:
-        """Connected to NATS as `user` (default: $USER), receiving the agent's replies to the terminal."""
+        """Connected to NATS as the operator, receiving the agent's replies to `user`'s terminal
+        (default: $USER)."""
         url = config.nats_url()
         if url is None:
             raise FailedPrecondition(
@@ -111,46 +122,107 @@ class TerminalConnector:
             user=nats_user,
             password=nats_password,
         )
-        connector = cls(bus, agent_id, user or os.environ.get("USER", "you"))
+        name = user or os.environ.get("USER", "you")
         try:
-            await bus.subscribe(bus.subjects.outbound(agent_id, TERMINAL_SOURCE), connector._on_reply)
-            yield connector
-        finally:
+            connector = Connector(
+                bus,
+                source=TERMINAL_SOURCE,
+                agent_ids=[agent_id],
+                durable=terminal_durable(name, agent_id),
+                owns_bus=True,
+            )
+            await connector.start()
+        except BaseException:
             await bus.close()
+            raise
+        terminal = cls(connector, agent_id, name)
+        async with connector, connector.chunks() as chunks:
+            tasks = [asyncio.create_task(terminal._replies()), asyncio.create_task(terminal._chunks(chunks))]
+            try:
+                yield terminal
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _on_reply(self, msg: Any) -> None:
-        self.replies.put_nowait(runtime_pb2.OutboundMessage.FromString(msg.data))
+    async def _replies(self) -> None:
+        async for reply in self.connector.replies(poll=1):
+            if reply.channel_id == self.channel:
+                self.events.put_nowait(reply)
+            else:
+                await reply.ack()  # another user's terminal: theirs to show
+
+    async def _chunks(self, chunks: Chunks) -> None:
+        async for chunk in chunks:
+            if chunk.channel_id == self.channel:
+                self.events.put_nowait(chunk)
+
+    async def pending(self) -> int:
+        """How many replies wait in this user's consumer (produced while no terminal was open)."""
+        info = await self.connector.bus.js.consumer_info(self.connector.stream, self.connector.durable)
+        return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
 
     async def send(self, text: str) -> str:
         message_id = uuid.uuid4().hex
-        inbound = runtime_pb2.InboundMessage(
-            agent_id=self.agent_id,
-            source=TERMINAL_SOURCE,
-            message_id=message_id,
-            sender_id=self.user,
-            sender_name=self.user,
-            channel_id=f"terminal:{self.user}",
-            room_type=runtime_pb2.ROOM_TYPE_DM,
-            text=text,
-        )
-        inbound.sent_at.GetCurrentTime()
-        await self.bus.publish(
-            self.bus.subjects.inbound(self.agent_id, TERMINAL_SOURCE),
-            inbound.SerializeToString(),
-            msg_id=f"{TERMINAL_SOURCE}:{message_id}",
+        await self.connector.send(
+            Inbound(
+                message_id=message_id,
+                sender_id=self.user,
+                sender_name=self.user,
+                channel_id=self.channel,
+                room_type="dm",
+                text=text,
+            ),
+            retry_for=10,
         )
         return message_id
 
-    async def reply_to(self, message_id: str, timeout: float) -> runtime_pb2.OutboundMessage:
+    async def reply_to(
+        self,
+        message_id: str,
+        timeout: float,
+        *,
+        on_chunk: Callable[[Chunk], None] | None = None,
+        on_other: Callable[[Reply], None] | None = None,
+    ) -> Reply:
+        """The reply to ``message_id``, acknowledged. Its stream chunks go to ``on_chunk`` as they
+        arrive; this terminal's other replies to ``on_other`` (and are acknowledged), or, without
+        it, are left for a later chat."""
         try:
             async with asyncio.timeout(timeout):
                 while True:
-                    reply = await self.replies.get()
-                    if reply.in_reply_to == message_id:
-                        return reply
+                    event = await self.events.get()
+                    if isinstance(event, Chunk):
+                        if event.in_reply_to == message_id and on_chunk is not None:
+                            on_chunk(event)
+                        if event.in_reply_to == message_id and event.final and event.outcome in ENDED:
+                            raise FailedPrecondition(
+                                f"the turn was {event.outcome}", code=f"TURN_{event.outcome.upper()}"
+                            )
+                    elif event.in_reply_to == message_id:
+                        await event.ack()
+                        return event
+                    elif on_other is not None:
+                        on_other(event)
+                        await event.ack()
+                    else:
+                        await event.retry_later(1.0)
         except TimeoutError:
             raise DeadlineExceeded(
                 f"no reply within {timeout:g}s",
                 code="REPLY_TIMEOUT",
                 hint="is the suite running (`make run`)? see .parley/logs/",
             ) from None
+
+    def waiting(self) -> list[Reply]:
+        """The replies received and not shown yet (the chunks are dropped: their reply came whole)."""
+        found: list[Reply] = []
+        while not self.events.empty():
+            event = self.events.get_nowait()
+            if isinstance(event, Reply):
+                found.append(event)
+        return found
+
+
+# A turn that ended without a reply: its final chunk says why.
+ENDED = ("superseded", "cancelled", "failed")

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 import typer
 
 from parley.v1 import common_pb2, runtime_pb2
+from parley_connectors import Chunk, Reply
 from parley_devinfra import infra
 from parley_platform.errors import InvalidArgument, ParleyError
 
@@ -119,24 +120,72 @@ async def send(
 
 @command(app)
 async def chat(agent: Agent = "default", user: User = None, timeout: ReplyTimeout = 60.0) -> None:
-    """Chat with an agent in the terminal (Ctrl-D leaves)."""
+    """Chat with an agent in the terminal (Ctrl-D leaves).
+
+    Replies come through your own durable consumer: one produced while no chat was open (a
+    `parley send` that timed out, a chat left early) is shown when you come back. A reply the
+    agent streams is printed as it is generated."""
     found = await client.resolve_agent(agent)
     print(f"Talking to {found.name}. Type a message and press Enter; Ctrl-D to leave.")
     async with client.TerminalConnector.open(found.id, user) as connector:
+        await _show_waiting(connector, found.name)
         while True:
             try:
                 text = await asyncio.to_thread(input, "you> ")
             except EOFError:
                 print()
                 return
+            for earlier in connector.waiting():
+                _show_earlier(found.name, earlier)
+                await earlier.ack()
             if not text.strip():
                 continue
+            streamed: list[str] = []
+
+            def on_chunk(chunk: Chunk, streamed: list[str] = streamed) -> None:
+                if not streamed:
+                    print(f"{found.name}> ", end="", flush=True)
+                streamed.append(chunk.delta)
+                print(chunk.delta, end="", flush=True)
+
             try:
-                reply = await connector.reply_to(await connector.send(text), timeout)
+                message_id = await connector.send(text)
+                reply = await connector.reply_to(
+                    message_id, timeout, on_chunk=on_chunk, on_other=lambda r: _show_earlier(found.name, r)
+                )
             except ParleyError as exc:
+                if streamed:
+                    print()
                 common.fail(exc)
                 continue
-            print(f"{found.name}> {reply.text}")
+            shown = "".join(streamed)
+            if not streamed:
+                print(f"{found.name}> {reply.text}")
+            elif reply.text.startswith(shown):
+                print(reply.text[len(shown) :])
+            else:
+                print(f"\n{found.name}> {reply.text}")
+
+
+async def _show_waiting(connector: client.TerminalConnector, name: str, wait: float = 5.0) -> None:
+    """Show the replies produced while no chat was open, once each (for up to ``wait`` seconds;
+    any still coming are shown as they arrive)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    while loop.time() < deadline:
+        for reply in connector.waiting():
+            _show_earlier(name, reply)
+            await reply.ack()
+        try:
+            if await connector.pending() == 0:
+                return
+        except ParleyError:
+            return
+        await asyncio.sleep(0.1)
+
+
+def _show_earlier(name: str, reply: Reply) -> None:
+    print(f"{name}> {reply.text}    (a reply from while you were away)")
 
 
 @command(app)

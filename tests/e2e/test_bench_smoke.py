@@ -42,6 +42,11 @@ RUNS: dict[str, tuple[list[str], set[str], set[str]]] = {
         {"ratio_to_floor", "floor_approval_p50_ms"},
         {"approval_sequential", "approval_concurrent"},
     ),
+    "connector_kit.py": (
+        ["--sequential", "20", "--concurrent", "40", "--in-flight", "4"],
+        {"ratio_p50_to_floor", "throughput_ratio_to_floor", "kit_round_trip_p50_ms"},
+        {"kit_sequential", "floor_sequential", "kit_concurrent", "floor_concurrent"},
+    ),
     "custom_actions.py": (
         ["--http", "10", "--spawn", "2", "--sql", "20"],
         {

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,9 +26,10 @@ from parley_platform.bus import Bus
 from parley_platform.errors import ParleyError
 from parley_platform.rpc import RpcClient
 from parley_platform.testing import eventually
-from support import DEFAULT_AGENT_ID, SessionEnv, Suite, inbound_settled, replies_to
+from support import DEFAULT_AGENT_ID, ROOT, SessionEnv, Suite, inbound_settled, replies_to
 
 SOURCE = "kit"
+EXAMPLE = ROOT / "examples" / "connectors" / "jsonl_connector.py"
 
 
 @dataclass
@@ -271,3 +274,41 @@ async def test_stream_chunks_arrive_decoded_and_a_malformed_one_is_skipped(kit: 
     assert "".join(c.delta for c in got) == "Hello"
     assert [c.sequence for c in got] == [1, 2, 3]
     assert (got[-1].outcome, got[-1].response_id, got[-1].turn_id) == ("completed", "r1", "t1")
+
+
+async def test_the_example_connector_answers_each_platform_message_once(kit: Kit) -> None:
+    """examples/connectors/jsonl_connector.py (docs/connectors.md) as a process: a line in, a reply
+    line out; the platform delivering a message twice still gets one reply."""
+    creds = await kit.credentials()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(EXAMPLE),
+        str(kit.root / f"{creds.name}.json"),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    stdin, stdout = process.stdin, process.stdout
+    assert stdin is not None
+    assert stdout is not None
+    try:
+
+        async def line(event: dict[str, str]) -> None:
+            stdin.write(json.dumps(event).encode() + b"\n")
+            await stdin.drain()
+
+        async def reply() -> dict[str, str]:
+            return dict(json.loads(await asyncio.wait_for(stdout.readline(), 60)))
+
+        chat = f"c-{secrets.token_hex(3)}"
+        first = {"id": f"p-{secrets.token_hex(4)}", "user": "ann", "chat": chat, "text": "hello example"}
+        await line(first)
+        assert await reply() == {"chat": chat, "reply_to": first["id"], "text": "You said: hello example"}
+        await line(first)  # the platform delivers it again
+        second = {**first, "id": f"p-{secrets.token_hex(4)}", "text": "and again"}
+        await line(second)
+        assert await reply() == {"chat": chat, "reply_to": second["id"], "text": "You said: and again"}
+    finally:
+        process.terminate()
+        await process.wait()
+    sent = Inbound(message_id=first["id"], sender_id="ann", text="", channel_id=chat)
+    assert len(await replies_to(kit.operator, wire(creds, sent))) == 1

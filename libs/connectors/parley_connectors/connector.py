@@ -33,7 +33,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from parley.v1 import common_pb2, runtime_pb2
 from parley_platform import codes as platform_codes
 from parley_platform.bus import Bus, Subjects, translate_nats_error
-from parley_platform.errors import InvalidArgument, ParleyError
+from parley_platform.errors import ParleyError
 from parley_platform.logging import get_logger
 from parley_platform.retry import Backoff
 
@@ -73,9 +73,9 @@ class Connector:
         owns_bus: bool = False,
     ) -> None:
         if not source or any(c in source for c in ".*> "):
-            raise InvalidArgument(f"source {source!r} must be one subject token")
+            raise platform_codes.INVALID_ARGUMENT(f"source {source!r} must be one subject token")
         if agent_ids is not None and (not agent_ids or any(not a or "." in a for a in agent_ids)):
-            raise InvalidArgument("agent_ids must be None (every agent) or agent ids")
+            raise platform_codes.INVALID_ARGUMENT("agent_ids must be None (every agent) or agent ids")
         self.bus = bus if isinstance(bus, Bus) else Bus(bus, Subjects(namespace))
         self.subjects = self.bus.subjects
         self.source = source
@@ -178,11 +178,13 @@ class Connector:
     def _agent_for(self, agent_id: str) -> str:
         if agent_id:
             if self.agent_ids is not None and agent_id not in self.agent_ids:
-                raise InvalidArgument(f"this connector does not serve agent {agent_id}")
+                raise platform_codes.INVALID_ARGUMENT(f"this connector does not serve agent {agent_id}")
             return agent_id
         if self.agent_ids is not None and len(self.agent_ids) == 1:
             return self.agent_ids[0]
-        raise InvalidArgument("this connector serves several agents: name the agent (agent_id)")
+        raise platform_codes.INVALID_ARGUMENT(
+            "this connector serves several agents: name the agent (agent_id)"
+        )
 
     def _check_open(self) -> None:
         if self._closed:
@@ -229,7 +231,7 @@ class Connector:
 
     # --- receiving --------------------------------------------------------------------------------
 
-    async def replies(self, *, poll: float = 5.0) -> AsyncIterator[Reply]:
+    async def replies(self, *, poll: float = 2.0) -> AsyncIterator[Reply]:
         """The agent's replies for this source, through the durable consumer, oldest first; each
         comes again (``deliveries`` > 1) until ``ack()``ed. A payload that is not an
         OutboundMessage is logged and terminated, never yielded. Ends when the connector closes."""
@@ -308,7 +310,7 @@ class Connector:
         Raises CANCEL_UNSERVED at once when nothing serves the cancel subject."""
         self._check_open()
         if not message_id and not turn_id:
-            raise InvalidArgument("cancel needs message_id or turn_id")
+            raise platform_codes.INVALID_ARGUMENT("cancel needs message_id or turn_id")
         agent = self._agent_for(agent_id)
         subject = f"{self.subjects.ns}.cancel.{agent}.{self.source}"
         request = runtime_pb2.CancelTurnRequest(

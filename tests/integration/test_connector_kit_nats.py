@@ -1,7 +1,9 @@
-"""The connector kit through a NATS outage: a nats-server of the test's own is stopped and started
-again (same port, same JetStream store). A message sent while it is down is published once when it
-returns; replies keep flowing to the connector's consumer after it; nothing serving the cancel
-subject is a clear error at once, not a hang."""
+"""The connector kit on a nats-server of the test's own (no runtime, no auth).
+
+Through an outage (the server stopped and started again, same port, same JetStream store): a
+message sent while it is down is published once when it returns, and replies keep flowing to the
+connector's consumer after it. Nothing serving the cancel subject is a clear error at once, not a
+hang. A service connector (``agent_ids=None``) serves every agent of its source."""
 
 from __future__ import annotations
 
@@ -114,3 +116,46 @@ async def test_cancel_with_nothing_serving_it_is_a_clear_error_at_once(connector
     with pytest.raises(ParleyError) as invalid:
         await connector.cancel()
     assert invalid.value.code == "INVALID_ARGUMENT"
+
+
+async def test_a_service_connector_serves_every_agent_of_its_source(server: EmbeddedNats) -> None:
+    """``agent_ids=None`` (the web connector): one consumer and one chunk subscription over every
+    agent of the source; sending and cancelling name the agent."""
+    bus = await Bus.connect(server.url, name="service-connector", namespace="multi")
+    await bus.ensure_standard_streams()
+    agents = [str(uuid.uuid4()), str(uuid.uuid4())]
+    async with await Connector(
+        bus, source="web", agent_ids=None, durable="web", owns_bus=True
+    ).start() as web:
+        assert web.outbound_filters() == ["multi.outbound.*.web"]
+        with pytest.raises(ParleyError) as unnamed:
+            await web.send(Inbound(message_id="m0", sender_id="ann", text="which agent?"))
+        assert unnamed.value.code == "INVALID_ARGUMENT"
+        async with web.chunks() as chunks:
+            for i, agent in enumerate(agents):
+                assert await web.send(Inbound(message_id=f"m{i}", sender_id="ann", text="hi", agent_id=agent))
+                answer = runtime_pb2.OutboundMessage(
+                    agent_id=agent, source="web", response_id=f"r{i}", in_reply_to=f"m{i}", text=f"from {i}"
+                )
+                await bus.publish(
+                    bus.subjects.outbound(agent, "web"), answer.SerializeToString(), msg_id=f"r{i}"
+                )
+                chunk = runtime_pb2.StreamChunk(agent_id=agent, source="web", response_id=f"r{i}", delta="x")
+                await bus.publish_core(f"multi.stream.{agent}.web", chunk.SerializeToString())
+            got = []
+            async with asyncio.timeout(10):
+                async for streamed in chunks:
+                    got.append(streamed.agent_id)
+                    if len(got) == 2:
+                        break
+            assert got == agents
+        replies: list[Reply] = []
+        async with asyncio.timeout(10):
+            async for reply in web.replies(poll=1):
+                replies.append(reply)
+                await reply.ack()
+                if len(replies) == 2:
+                    break
+        assert [(r.agent_id, r.text) for r in replies] == [(agents[0], "from 0"), (agents[1], "from 1")]
+        stream = bus.subjects.stream("INBOUND")
+        assert (await bus.js.stream_info(stream)).state.messages == 2
