@@ -4,8 +4,9 @@ The suite runs as real processes (model gateway with the scripted model at zero 
 pairing, web). The same turns are taken two ways, in the same run:
 
 - direct: a client publishes the inbound message to JetStream and waits for the reply on the
-  outbound subject (and for the first stream chunk on the stream subject), as a connector on the
-  bus does: the floor the web service adds to;
+  outbound subject (and for the first stream chunk on the stream subject): the floor the web
+  service adds to; and the same with the reply read through a durable consumer (the connector
+  kit), as the web service reads it, which tells JetStream's delivery from the web service's cost;
 - web: ``POST /v1/chat/completions`` over HTTP with an API key, one complete reply
   (``stream: false``), or the time to the first streamed content event (``stream: true``).
 
@@ -30,6 +31,7 @@ from _common import BenchEnv, Series, bench_env, report, suite_env
 
 from parley.v1 import pairing_pb2, runtime_pb2
 from parley.v1.pairing_nats import PairingClient
+from parley_connectors import Connector
 from parley_devinfra.infra import free_port
 from parley_platform.bus import Bus
 from parley_platform.rpc import RpcClient
@@ -60,20 +62,33 @@ async def timed(n: int, in_flight: int, op: Op, name: str) -> Series:
 
 
 class Direct:
-    """A connector on the bus (source ``bench``): replies and first chunks matched by message id."""
+    """A client on the bus: replies and first chunks matched by message id. Replies come from a core
+    subscription to the outbound subject (the floor), or, ``durable``, through a durable consumer
+    of the connector kit, as the web service receives them (what JetStream's delivery adds)."""
 
-    def __init__(self, bus: Bus) -> None:
+    def __init__(self, bus: Bus, source: str, *, durable: bool = False) -> None:
         self.bus = bus
+        self.source = source
+        self.durable = durable
         self.replies: dict[str, asyncio.Future[None]] = {}
         self.chunks: dict[str, asyncio.Future[float]] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    def _resolve(self, in_reply_to: str) -> None:
+        future = self.replies.pop(in_reply_to, None)
+        self.chunks.pop(in_reply_to, None)
+        if future and not future.done():
+            future.set_result(None)
+
+    async def _consume(self, connector: Connector) -> None:
+        async for reply in connector.replies(poll=1.0):
+            self._resolve(reply.in_reply_to)
+            await reply.ack()
 
     async def start(self) -> None:
         async def on_reply(msg: object) -> None:
             reply = runtime_pb2.OutboundMessage.FromString(msg.data)  # type: ignore[attr-defined]
-            future = self.replies.pop(reply.in_reply_to, None)
-            self.chunks.pop(reply.in_reply_to, None)
-            if future and not future.done():
-                future.set_result(None)
+            self._resolve(reply.in_reply_to)
 
         async def on_chunk(msg: object) -> None:
             chunk = runtime_pb2.StreamChunk.FromString(msg.data)  # type: ignore[attr-defined]
@@ -81,8 +96,18 @@ class Direct:
             if future and not future.done() and chunk.delta:
                 future.set_result(time.perf_counter())
 
-        await self.bus.nc.subscribe(self.bus.subjects.outbound(AGENT_ID, "bench"), cb=on_reply)
-        await self.bus.nc.subscribe(f"{self.bus.subjects.ns}.stream.{AGENT_ID}.bench", cb=on_chunk)
+        if self.durable:
+            connector = Connector(
+                self.bus,
+                source=self.source,
+                agent_ids=[AGENT_ID],
+                durable=f"{self.source}-direct",
+                namespace=self.bus.subjects.ns,
+            )
+            self.task = asyncio.create_task(self._consume(await connector.start()))
+        else:
+            await self.bus.nc.subscribe(self.bus.subjects.outbound(AGENT_ID, self.source), cb=on_reply)
+        await self.bus.nc.subscribe(f"{self.bus.subjects.ns}.stream.{AGENT_ID}.{self.source}", cb=on_chunk)
 
     async def send(self, i: int, slot: int) -> tuple[asyncio.Future[None], asyncio.Future[float], float]:
         """Publish message ``i``: (its reply, its first chunk's arrival, when it was sent)."""
@@ -94,7 +119,7 @@ class Direct:
         self.chunks[message_id] = chunk
         inbound = runtime_pb2.InboundMessage(
             agent_id=AGENT_ID,
-            source="bench",
+            source=self.source,
             message_id=message_id,
             sender_id=f"user-{slot}",
             sender_name=f"User {slot}",
@@ -104,9 +129,9 @@ class Direct:
         )
         started = time.perf_counter()
         await self.bus.publish(
-            self.bus.subjects.inbound(AGENT_ID, "bench"),
+            self.bus.subjects.inbound(AGENT_ID, self.source),
             inbound.SerializeToString(),
-            msg_id=f"bench:{message_id}",
+            msg_id=f"{self.source}:{message_id}",
         )
         return reply, chunk, started
 
@@ -183,6 +208,8 @@ async def main(args: argparse.Namespace) -> None:
         ]
         bus = await Bus.connect(env.nats_url, name="bench", namespace=env.namespace)
         web: Web | None = None
+        direct: Direct | None = None
+        durable: Direct | None = None
         try:
             for service in processes:
                 service.start()
@@ -199,13 +226,17 @@ async def main(args: argparse.Namespace) -> None:
                     return False
 
             await eventually(answers, timeout=30, what="the web service")
-            direct = Direct(bus)
+            direct = Direct(bus, "bench")
+            durable = Direct(bus, "benchd", durable=True)
             await direct.start()
+            await durable.start()
             await timed(20, 1, direct.reply, "warm-up")
+            await timed(20, 1, durable.reply, "warm-up")
             await timed(20, 1, web.reply, "warm-up")
             rows = [
                 await timed(args.sequential, 1, direct.reply, "direct NATS: reply, sequential"),
                 await timed(args.sequential, 1, web.reply, "web API: reply, sequential"),
+                await timed(args.sequential, 1, durable.reply, "NATS, durable consumer: reply, sequential"),
                 await timed(
                     args.concurrent,
                     args.in_flight,
@@ -221,15 +252,22 @@ async def main(args: argparse.Namespace) -> None:
         finally:
             if web is not None:
                 await web.http.aclose()
+            for client in (direct, durable):
+                if client is not None and client.task is not None:
+                    client.task.cancel()
             await bus.close()
             for service in reversed(processes):
                 service.stop()
 
-    direct_seq, web_seq, direct_conc, web_conc, direct_first, web_first = rows
+    direct_seq, web_seq, durable_seq, direct_conc, web_conc, direct_first, web_first = rows
     summary = {
         "benchmark": "web",
         "series": {row.name: row.figures() for row in rows},
         "reply_p50_ratio_to_nats": round(web_seq.p50_ms / direct_seq.p50_ms, 2),
+        # The same reply through a durable consumer, without HTTP: how much of the difference is
+        # JetStream delivery rather than the web service.
+        "reply_p50_ratio_to_nats_durable": round(web_seq.p50_ms / durable_seq.p50_ms, 2),
+        "durable_p50_ratio_to_nats": round(durable_seq.p50_ms / direct_seq.p50_ms, 2),
         "reply_throughput_ratio_to_nats": round(web_conc.rate / direct_conc.rate, 2),
         "first_chunk_p50_ratio_to_nats": round(web_first.p50_ms / direct_first.p50_ms, 2),
         "web_first_chunk_p50_ms": round(web_first.p50_ms, 3),

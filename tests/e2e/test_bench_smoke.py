@@ -91,7 +91,12 @@ RUNS: dict[str, tuple[list[str], set[str], set[str]]] = {
     ),
     "web.py": (
         ["--sequential", "5", "--concurrent", "10", "--in-flight", "2"],
-        {"reply_p50_ratio_to_nats", "reply_throughput_ratio_to_nats", "first_chunk_p50_ratio_to_nats"},
+        {
+            "reply_p50_ratio_to_nats",
+            "reply_p50_ratio_to_nats_durable",
+            "reply_throughput_ratio_to_nats",
+            "first_chunk_p50_ratio_to_nats",
+        },
         {"series", "web_first_chunk_p50_ms"},
     ),
     "turn_throughput.py": (
