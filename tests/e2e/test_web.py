@@ -5,8 +5,10 @@ refused."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
+import socket
 import uuid
 from collections.abc import AsyncIterator
 
@@ -15,7 +17,8 @@ import openai
 import pytest
 
 from parley.v1 import pairing_pb2, runtime_pb2
-from parley_platform.testing import eventually
+from parley_devinfra.infra import free_port
+from parley_platform.testing import ServiceProcess, eventually
 from support import SessionEnv, turn_of
 from web_support import Web, start_web, web_fixture
 
@@ -189,3 +192,30 @@ async def test_a_reader_that_goes_away_cancels_the_turn(web: Web) -> None:
         return found is not None and found[0] == "cancelled"
 
     await eventually(cancelled, timeout=20, what="the turn cancelled")
+
+
+async def test_a_taken_http_port_stops_the_service_saying_which(web: Web) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        grpc = free_port()
+        process = ServiceProcess(
+            "parley_web",
+            web.suite.env.service_env(
+                PARLEY_NAMESPACE=web.suite.namespace,
+                PARLEY_WEB_PORT=str(port),
+                PARLEY_WEB_GRPC_PORT=str(grpc),
+                PARLEY_WEB_METRICS_PORT=str(free_port()),
+            ),
+            web.suite.logs / "web-taken.log",
+            grpc,
+        ).start()
+        try:
+            assert process.process is not None
+            code = await asyncio.to_thread(process.process.wait, 30)
+        finally:
+            process.stop()
+    assert code != 0
+    assert "PORT_IN_USE" in process.log()
+    assert f"127.0.0.1:{port} (PARLEY_WEB_PORT)" in process.log()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 
 import uvicorn
 
@@ -24,7 +25,8 @@ SPEC = ServiceSpec("web", identity="web", grpc_port="web_grpc_port", metrics_por
 
 
 class HttpServer:
-    """uvicorn in the service's event loop, started after the relay and stopped before it."""
+    """uvicorn in the service's event loop on a socket bound here (so a taken port is a clear
+    PORT_IN_USE at start), started after the relay and stopped before it."""
 
     def __init__(self, api: WebApi, host: str, port: int) -> None:
         config = uvicorn.Config(
@@ -32,17 +34,27 @@ class HttpServer:
         )
         self.server = uvicorn.Server(config)
         self.task: asyncio.Task[None] | None = None
+        self.host = host
         self.port = port
 
     async def start(self) -> None:
-        self.task = asyncio.create_task(self.server.serve(), name="http")
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            raise codes.PORT_IN_USE(
+                f"cannot listen for HTTP on {self.host}:{self.port} (PARLEY_WEB_PORT): {exc.strerror}"
+            ) from exc
+        self.port = sock.getsockname()[1]
+        self.task = asyncio.create_task(self.server.serve(sockets=[sock]), name="http")
         while not self.server.started:
             if self.task.done():
                 self.task.result()
-                raise codes.PORT_IN_USE(f"the web server did not start on port {self.port}")
+                raise codes.INTERNAL(f"the HTTP server stopped while starting on port {self.port}")
             await asyncio.sleep(0.02)
-        sockets = [s for server in self.server.servers for s in server.sockets]
-        self.port = sockets[0].getsockname()[1] if sockets else self.port
 
     async def stop(self, timeout: float) -> None:
         self.server.should_exit = True

@@ -143,9 +143,17 @@ class Relay:
             log.info("turn not cancelled", agent_id=agent_id, message_id=message_id, code=exc.code)
 
     async def _replies(self, connector: Connector) -> None:
-        async for reply in connector.replies(poll=1.0):
-            self._route(reply)
-            await reply.ack()
+        """Route every reply, for as long as the connector is open. An ack that fails leaves the
+        reply to come again (its waiter, if any, took the first)."""
+        while True:
+            try:
+                async for reply in connector.replies(poll=1.0):
+                    self._route(reply)
+                    await reply.ack()
+                return
+            except ParleyError as exc:
+                log.warning("reading replies failed; again in a second", code=exc.code, error=exc.message)
+                await asyncio.sleep(1)
 
     def _route(self, reply: Reply) -> None:
         waiter = self.waiters.get((reply.agent_id, reply.in_reply_to))
