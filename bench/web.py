@@ -61,6 +61,18 @@ async def timed(n: int, in_flight: int, op: Op, name: str) -> Series:
     return Series(name, latencies, time.perf_counter() - started)
 
 
+async def interleaved(n: int, ops: list[tuple[str, Op]]) -> list[Series]:
+    """Each op ``n`` times, one call of each in turn; a Series per op (its wall time is the sum of
+    its own calls)."""
+    latencies: list[list[float]] = [[] for _ in ops]
+    for i in range(n):
+        for index, (_, op) in enumerate(ops):
+            started = time.perf_counter()
+            own = await op(i, 0)
+            latencies[index].append(own if own is not None else time.perf_counter() - started)
+    return [Series(name, found, sum(found)) for (name, _), found in zip(ops, latencies, strict=True)]
+
+
 class Direct:
     """A client on the bus: replies and first chunks matched by message id. Replies come from a core
     subscription to the outbound subject (the floor), or, ``durable``, through a durable consumer
@@ -233,10 +245,27 @@ async def main(args: argparse.Namespace) -> None:
             await timed(20, 1, direct.reply, "warm-up")
             await timed(20, 1, durable.reply, "warm-up")
             await timed(20, 1, web.reply, "warm-up")
+            # Sequential figures are taken interleaved (one of each in turn), so that the load of a
+            # shared machine drifting during the run weighs on each alike.
+            direct_seq, web_seq, durable_seq = await interleaved(
+                args.sequential,
+                [
+                    ("direct NATS: reply, sequential", direct.reply),
+                    ("web API: reply, sequential", web.reply),
+                    ("NATS, durable consumer: reply, sequential", durable.reply),
+                ],
+            )
+            direct_first, web_first = await interleaved(
+                args.sequential,
+                [
+                    ("direct NATS: first chunk, sequential", direct.first_chunk),
+                    ("web API: first chunk, sequential", web.first_chunk),
+                ],
+            )
             rows = [
-                await timed(args.sequential, 1, direct.reply, "direct NATS: reply, sequential"),
-                await timed(args.sequential, 1, web.reply, "web API: reply, sequential"),
-                await timed(args.sequential, 1, durable.reply, "NATS, durable consumer: reply, sequential"),
+                direct_seq,
+                web_seq,
+                durable_seq,
                 await timed(
                     args.concurrent,
                     args.in_flight,
@@ -246,8 +275,8 @@ async def main(args: argparse.Namespace) -> None:
                 await timed(
                     args.concurrent, args.in_flight, web.reply, f"web API: reply, {args.in_flight} in flight"
                 ),
-                await timed(args.sequential, 1, direct.first_chunk, "direct NATS: first chunk, sequential"),
-                await timed(args.sequential, 1, web.first_chunk, "web API: first chunk, sequential"),
+                direct_first,
+                web_first,
             ]
         finally:
             if web is not None:
@@ -259,7 +288,7 @@ async def main(args: argparse.Namespace) -> None:
             for service in reversed(processes):
                 service.stop()
 
-    direct_seq, web_seq, durable_seq, direct_conc, web_conc, direct_first, web_first = rows
+    direct_conc, web_conc = rows[3], rows[4]
     summary = {
         "benchmark": "web",
         "series": {row.name: row.figures() for row in rows},
