@@ -14,8 +14,8 @@ from parley_connectors import Chunk
 from parley_platform.errors import ParleyError
 from parley_runtime import ids
 from parley_web.access import Caller, room_id
-from parley_web.http import parse_request
 from parley_web.relay import Delta, Done, Waiter
+from parley_web.routes import parse_request
 
 
 def test_the_history_room_is_the_runtimes_room() -> None:

@@ -16,8 +16,8 @@ from parley_platform.logging import get_logger
 
 from .access import Access
 from .config import WebSettings
-from .http import WebApi
 from .relay import Relay
+from .routes import WebApi
 
 log = get_logger(__name__)
 
