@@ -84,6 +84,11 @@ RUNS: dict[str, tuple[list[str], set[str], set[str]]] = {
         },
         {"parley_1_replica", "pgqueuer_1_process", "procrastinate_1_process"},
     ),
+    "streaming.py": (
+        ["--turns", "3", "--model-latency-ms", "20", "--chunk-delay-ms", "2"],
+        {"first_chunk_ratio_to_gateway"},
+        {"runtime_first_chunk", "gateway_first_text", "gateway_first_item", "first_chunk_overhead_p50_ms"},
+    ),
     "turn_latency.py": (
         ["--sequential", "10", "--concurrent", "20", "--in-flight", "8"],
         {"ratio_to_floor", "throughput_ratio_to_floor"},
