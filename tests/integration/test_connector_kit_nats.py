@@ -159,3 +159,24 @@ async def test_a_service_connector_serves_every_agent_of_its_source(server: Embe
         assert [(r.agent_id, r.text) for r in replies] == [(agents[0], "from 0"), (agents[1], "from 1")]
         stream = bus.subjects.stream("INBOUND")
         assert (await bus.js.stream_info(stream)).state.messages == 2
+
+
+async def test_a_reply_answering_a_cancelled_iterator_goes_to_the_next_one_at_once(
+    connector: Connector,
+) -> None:
+    """An iterator cancelled mid-fetch leaves its pull request on the server; the reply that answers
+    it is not stuck until the consumer's ack_wait (30 s): the next iterator gets it."""
+    waiting = asyncio.create_task(anext(aiter(connector.replies(poll=10))))
+    await asyncio.sleep(0.5)  # its pull request (10 s) is on the server now
+    waiting.cancel()
+    answer = runtime_pb2.OutboundMessage(agent_id=AGENT, source=SOURCE, response_id="r-late", text="late")
+    await connector.bus.publish(
+        connector.bus.subjects.outbound(AGENT, SOURCE), answer.SerializeToString(), msg_id="r-late"
+    )
+    started = time.monotonic()
+    async with asyncio.timeout(10):
+        async for reply in connector.replies(poll=1):
+            await reply.ack()
+            break
+    assert reply.response_id == "r-late"
+    assert time.monotonic() - started < 5

@@ -99,10 +99,14 @@ class Connector:
         agent_ids: Sequence[str] | None = (),
         durable: str = "",
         connect_timeout: float = 5.0,
-        **options: object,
+        deliver: Literal["new", "all"] = "new",
+        ack_wait: float = 30.0,
+        publish_timeout: float = 5.0,
     ) -> Connector:
         """Connected to NATS as the connector in ``creds`` (its user, password and inbox prefix),
-        its durable consumer ensured. ``agent_ids`` defaults to the credentials' agent."""
+        its durable consumer ensured. ``agent_ids`` defaults to the credentials' agent. ``deliver``
+        and ``ack_wait`` (seconds before an unacknowledged reply comes again) apply to a consumer
+        created now; ``publish_timeout`` bounds each publish and JetStream API call."""
         bus = await Bus.connect(
             creds.nats_url,
             name=f"connector-{creds.name}",
@@ -118,8 +122,10 @@ class Connector:
                 source=creds.source,
                 agent_ids=[creds.agent_id] if agent_ids == () else agent_ids,
                 durable=durable or creds.durable,
+                deliver=deliver,
+                ack_wait=ack_wait,
+                publish_timeout=publish_timeout,
                 owns_bus=True,
-                **options,  # type: ignore[arg-type]
             )
             return await connector.start()
         except BaseException:
@@ -172,7 +178,9 @@ class Connector:
 
     def _refused(self, exc: BaseException, subject: str) -> ParleyError:
         if self.bus.denied(subject):
-            return platform_codes.NATS_PERMISSION_DENIED(f"the NATS server refused this identity {subject}")
+            return platform_codes.NATS_PERMISSION_DENIED(
+                f"the NATS server refused this identity {subject}: not in its permissions"
+            )
         return translate_nats_error(exc, subject)
 
     def _agent_for(self, agent_id: str) -> str:
