@@ -86,8 +86,18 @@ RUNS: dict[str, tuple[list[str], set[str], set[str]]] = {
     ),
     "streaming.py": (
         ["--turns", "3", "--model-latency-ms", "20", "--chunk-delay-ms", "2"],
-        {"first_chunk_ratio_to_gateway"},
-        {"runtime_first_chunk", "gateway_first_text", "gateway_first_item", "first_chunk_overhead_p50_ms"},
+        {
+            "first_chunk_ratio_to_gateway",
+            "web_first_chunk_ratio_to_runtime",
+            "web_first_chunk_ratio_to_gateway",
+        },
+        {
+            "runtime_first_chunk",
+            "gateway_first_text",
+            "gateway_first_item",
+            "first_chunk_overhead_p50_ms",
+            "web_first_chunk",
+        },
     ),
     "turn_latency.py": (
         ["--sequential", "10", "--concurrent", "20", "--in-flight", "8"],
