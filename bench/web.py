@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 import httpx
-from _common import BenchEnv, Series, bench_env, report, suite_env
+from _common import Series, bench_env, report, service_process, suite_env
 
 from parley.v1 import pairing_pb2, runtime_pb2
 from parley.v1.pairing_nats import PairingClient
@@ -35,7 +35,7 @@ from parley_connectors import Connector
 from parley_devinfra.infra import free_port
 from parley_platform.bus import Bus
 from parley_platform.rpc import RpcClient
-from parley_platform.testing import ServiceProcess, eventually
+from parley_platform.testing import eventually
 
 AGENT_ID = str(uuid.uuid5(uuid.UUID("6f1f3f3e-6a0c-5b8e-9a57-5061726c6579"), "agent:default"))
 Op = Callable[[int, int], Awaitable[float | None]]
@@ -197,26 +197,15 @@ class Web:
         return first
 
 
-def process(module: str, key: str, env: dict[str, str], bench: BenchEnv, **extra: str) -> ServiceProcess:
-    port = free_port()
-    settings = {
-        **env,
-        f"PARLEY_{key}_GRPC_PORT": str(port),
-        f"PARLEY_{key}_METRICS_PORT": str(free_port()),
-        **extra,
-    }
-    return ServiceProcess(module, settings, bench.logs / f"{module}.log", port)
-
-
 async def main(args: argparse.Namespace) -> None:
     with bench_env() as env:
         common = suite_env(env)
         web_port = free_port()
         processes = [
-            process("parley_gateway", "GATEWAY", common, env),
-            process("parley_pairing", "PAIRING", common, env),
-            process("parley_runtime", "RUNTIME", common, env),
-            process("parley_web", "WEB", common, env, PARLEY_WEB_PORT=str(web_port)),
+            service_process("parley_gateway", env, common, "gateway"),
+            service_process("parley_pairing", env, common, "pairing"),
+            service_process("parley_runtime", env, common, "runtime"),
+            service_process("parley_web", env, {**common, "PARLEY_WEB_PORT": str(web_port)}, "web"),
         ]
         bus = await Bus.connect(env.nats_url, name="bench", namespace=env.namespace)
         web: Web | None = None
