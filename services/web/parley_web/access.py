@@ -18,7 +18,7 @@ from parley_platform.errors import Kind, ParleyError
 from . import errors
 
 # The runtime's room ids (parley_runtime.ids.room_id): uuid5 of the agent's id and
-# "<source>:room:<channel_id>". tests/unit/test_web_access.py checks that both agree.
+# "<source>:room:<channel_id>". tests/unit/test_web_parts.py checks that both agree.
 ROOM_NAME = "{source}:room:{channel_id}"
 
 
