@@ -71,6 +71,17 @@ class World:
             )
         )
 
+    def first_chunks(self) -> list[float]:
+        """Each runtime replica's count of turns that streamed a first chunk."""
+        counts = []
+        for runtime in self.suite.runtimes:
+            port = runtime.env["PARLEY_RUNTIME_METRICS_PORT"]
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                text = response.read().decode()
+            found = re.search(r"^parley_turn_first_chunk_seconds_count (\S+)", text, re.M)
+            counts.append(float(found.group(1)) if found else 0.0)
+        return counts
+
     def provider_saw_cancels(self) -> int:
         assert self.suite.gateway is not None
         return self.suite.gateway.log(tail=100000).count("scripted stream cancelled")
@@ -155,28 +166,25 @@ async def test_a_newer_message_supersedes_the_stream(world: World) -> None:
     assert answer.text == "You said: never mind"
 
 
-async def test_cancel_turn_over_grpc(world: World) -> None:
+async def test_cancel_turn_over_grpc_reaches_the_replica_running_the_turn(world: World) -> None:
     saw = world.provider_saw_cancels()
+    before = world.first_chunks()
     message = await world.start_slow()
-    # The gRPC port of either replica: the cancel reaches the one running the turn.
-    for runtime in world.suite.runtimes:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
-            stub = runtime_pb2_grpc.RuntimeStub(channel)
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await stub.CancelTurn(
-                    runtime_pb2.CancelTurnRequest(agent_id=DEFAULT_AGENT_ID, turn_id=str(_turn_id(message))),
-                    timeout=10,
-                )
-            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    runtime = world.suite.runtimes[1]
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
+    after = world.first_chunks()
+    [holder] = [i for i, (b, a) in enumerate(zip(before, after, strict=True)) if a > b]
+    other = world.suite.runtimes[1 - holder]  # the call lands on the replica NOT running the turn
+    request = runtime_pb2.CancelTurnRequest(agent_id="default", turn_id=str(_turn_id(message)))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{other.grpc_port}") as channel:
         stub = runtime_pb2_grpc.RuntimeStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.CancelTurn(request, timeout=10)  # no operator token
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert not any(c.final for c in world.chunks.of(message))
         answer = await stub.CancelTurn(
-            runtime_pb2.CancelTurnRequest(agent_id=DEFAULT_AGENT_ID, turn_id=str(_turn_id(message))),
-            metadata=[("authorization", f"Bearer {world.suite.env.token}")],
-            timeout=10,
+            request, metadata=[("authorization", f"Bearer {world.suite.env.token}")], timeout=10
         )
     assert answer.cancelled
+    assert answer.turn_id == str(_turn_id(message))
     await world.assert_stopped(message, "cancelled", saw)
 
 
