@@ -23,9 +23,19 @@ from parley.v1.model_nats import ModelGatewayClient
 from parley.v1.pairing_nats import PairingClient
 from parley.v1.runtime_nats import RuntimeClient
 from parley_platform.bus import Bus
+from parley_platform.consumer import DEAD_REASON
 from parley_platform.rpc import RpcClient
 from parley_platform.testing import eventually
-from support import DEFAULT_AGENT_ID, SessionEnv, Suite, inbound, publish_inbound, replies_to, turn_of
+from support import (
+    DEFAULT_AGENT_ID,
+    SessionEnv,
+    Suite,
+    inbound,
+    publish_inbound,
+    replies_to,
+    stream_messages,
+    turn_of,
+)
 
 SOURCE = "webtest"
 SLOW = "please stream slowly"
@@ -237,6 +247,15 @@ async def test_a_connector_cancels_its_own_turns_and_only_those(world: World) ->
         await asyncio.sleep(0.5)
         assert any(f'publish to "{other.lower()}"' in r for r in refusals)
         assert not any(c.final for c in world.chunks.of(message))
+        # Garbage on its own subject: dead-lettered with a reason (by each replica), the turn runs on.
+        await nc.publish(f"{ns}.cancel.{DEFAULT_AGENT_ID}.{SOURCE}", b"\xff\xff not a request")
+        await nc.publish(
+            f"{ns}.cancel.{DEFAULT_AGENT_ID}.{SOURCE}",
+            runtime_pb2.CancelTurnRequest(reason="which?").SerializeToString(),
+        )
+        dead = await eventually(lambda: _dead_cancels(world.bus), timeout=10, what="the dead letters")
+        assert {"not a CancelTurnRequest", "name the turn: turn_id, or message_id with its source"} <= dead
+        assert not any(c.final for c in world.chunks.of(message))
         # Its own subject: the turn stops (a request, answered by the replica that runs it).
         own = f"{ns}.cancel.{DEFAULT_AGENT_ID}.{SOURCE}"
         answer = await nc.request(own, request.SerializeToString(), timeout=5)
@@ -336,3 +355,9 @@ async def test_a_cancel_racing_the_reply_either_stops_it_or_says_it_was_too_late
         if final or was_cancelled:
             final_chunk = await world.chunks.final(message)
             assert final_chunk.outcome == ("cancelled" if was_cancelled else "completed")
+
+
+async def _dead_cancels(bus: Bus) -> set[str] | None:
+    msgs = await stream_messages(bus, bus.subjects.dead("CANCEL"))
+    reasons = {(m.headers or {}).get(DEAD_REASON, "") for m in msgs}
+    return reasons if len(reasons) >= 2 else None
