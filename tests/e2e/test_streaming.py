@@ -18,7 +18,7 @@ import pytest
 from nats.aio.client import Client
 from test_cli import cli_env, run
 
-from parley.v1 import model_pb2, pairing_pb2, runtime_pb2, runtime_pb2_grpc
+from parley.v1 import model_pb2, model_pb2_grpc, pairing_pb2, runtime_pb2, runtime_pb2_grpc
 from parley.v1.model_nats import ModelGatewayClient
 from parley.v1.pairing_nats import PairingClient
 from parley.v1.runtime_nats import RuntimeClient
@@ -361,3 +361,26 @@ async def _dead_cancels(bus: Bus) -> set[str] | None:
     msgs = await stream_messages(bus, bus.subjects.dead("CANCEL"))
     reasons = {(m.headers or {}).get(DEAD_REASON, "") for m in msgs}
     return reasons if len(reasons) >= 2 else None
+
+
+async def test_a_grpc_client_cancelling_the_gateway_stream_cancels_the_provider(world: World) -> None:
+    assert world.suite.gateway is not None
+    saw = world.provider_saw_cancels()
+    request = model_pb2.GenerateRequest(
+        agent_id=DEFAULT_AGENT_ID,
+        model_type=model_pb2.MODEL_TYPE_TEXT_LARGE,
+        prompt=f"# Current message\nAnn: {SLOW}",
+    )
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{world.suite.gateway.grpc_port}") as channel:
+        call = model_pb2_grpc.ModelGatewayStub(channel).GenerateStream(
+            request, metadata=[("authorization", f"Bearer {world.suite.env.token}")], timeout=30
+        )
+        got = 0
+        async for _ in call:
+            got += 1
+            if got == 2:
+                break
+        call.cancel()
+    await eventually(
+        lambda: _is(world.provider_saw_cancels() > saw), timeout=20, what="the provider's cancellation"
+    )
