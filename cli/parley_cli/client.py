@@ -84,6 +84,11 @@ async def agent_id(ref: str) -> str:
         return (await resolve_agent(ref)).id
 
 
+# A user's terminal consumer is removed after a week without a chat: the replies it kept are
+# past the OUTBOUND stream's retention (7 days) by then anyway.
+FORGET_AFTER = 7 * 24 * 3600.0
+
+
 def terminal_durable(user: str, agent_id: str) -> str:
     """The terminal's durable consumer of an agent's replies, one per user: what it did not show
     (a reply produced while no chat was open) waits there for the next chat."""
@@ -130,6 +135,7 @@ class TerminalConnector:
                 agent_ids=[agent_id],
                 durable=terminal_durable(name, agent_id),
                 owns_bus=True,
+                forget_after=FORGET_AFTER,
             )
             await connector.start()
         except BaseException:

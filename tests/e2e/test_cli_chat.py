@@ -12,7 +12,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from test_cli import PARLEY, cli_env
 
 from parley.v1 import runtime_pb2
-from parley_cli.client import TERMINAL_SOURCE, terminal_durable
+from parley_cli.client import FORGET_AFTER, TERMINAL_SOURCE, terminal_durable
 from parley_platform.testing import eventually
 from support import DEFAULT_AGENT_ID, Suite
 
@@ -52,6 +52,10 @@ async def test_a_reply_produced_while_away_is_shown_when_the_user_returns_once(s
             return bool(info.num_pending)
 
         await eventually(waiting, timeout=30, what="the late reply in the user's consumer")
+        info = await bus.js.consumer_info(
+            bus.subjects.stream("OUTBOUND"), terminal_durable(user, DEFAULT_AGENT_ID)
+        )
+        assert info.config.inactive_threshold == FORGET_AFTER  # removed after a week unread
     finally:
         await bus.close()
     code, out, err = await parley(suite, "chat", "--user", user)

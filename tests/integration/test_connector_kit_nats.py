@@ -8,10 +8,10 @@ hang. A service connector (``agent_ids=None``) serves every agent of its source.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
 
@@ -25,9 +25,11 @@ AGENT = str(uuid.uuid4())
 SOURCE = "outage"
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[EmbeddedNats]:
-    nats = EmbeddedNats(tmp_path / "js", log_file=tmp_path / "nats.log")
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
+    """One server for the module (the outage test stops and starts it); each test its namespace."""
+    root = tmp_path_factory.mktemp("nats")
+    nats = EmbeddedNats(root / "js", log_file=root / "nats.log")
     nats.start()
     try:
         yield nats
@@ -37,7 +39,7 @@ def server(tmp_path: Path) -> Iterator[EmbeddedNats]:
 
 @pytest.fixture
 async def connector(server: EmbeddedNats) -> AsyncIterator[Connector]:
-    bus = await Bus.connect(server.url, name="outage-connector", namespace="outage")
+    bus = await Bus.connect(server.url, name="outage-connector", namespace=f"o{secrets.token_hex(4)}")
     await bus.ensure_standard_streams()
     conn = await Connector(
         bus, source=SOURCE, agent_ids=[AGENT], durable="connector-outage", owns_bus=True
@@ -79,7 +81,7 @@ async def test_a_message_sent_during_an_outage_is_published_once_when_nats_retur
     assert await asyncio.wait_for(sending, 60) is True
     assert await connector.send(sent) is False  # the same message again: a duplicate
 
-    observer = await Bus.connect(server.url, name="observer", namespace="outage")
+    observer = await Bus.connect(server.url, name="observer", namespace=connector.subjects.ns)
     try:
         stream = observer.subjects.stream("INBOUND")
         info = await observer.js.stream_info(stream)
@@ -121,13 +123,14 @@ async def test_cancel_with_nothing_serving_it_is_a_clear_error_at_once(connector
 async def test_a_service_connector_serves_every_agent_of_its_source(server: EmbeddedNats) -> None:
     """``agent_ids=None`` (the web connector): one consumer and one chunk subscription over every
     agent of the source; sending and cancelling name the agent."""
-    bus = await Bus.connect(server.url, name="service-connector", namespace="multi")
+    ns = f"m{secrets.token_hex(4)}"
+    bus = await Bus.connect(server.url, name="service-connector", namespace=ns)
     await bus.ensure_standard_streams()
     agents = [str(uuid.uuid4()), str(uuid.uuid4())]
     async with await Connector(
         bus, source="web", agent_ids=None, durable="web", owns_bus=True
     ).start() as web:
-        assert web.outbound_filters() == ["multi.outbound.*.web"]
+        assert web.outbound_filters() == [f"{ns}.outbound.*.web"]
         with pytest.raises(ParleyError) as unnamed:
             await web.send(Inbound(message_id="m0", sender_id="ann", text="which agent?"))
         assert unnamed.value.code == "INVALID_ARGUMENT"
@@ -141,7 +144,7 @@ async def test_a_service_connector_serves_every_agent_of_its_source(server: Embe
                     bus.subjects.outbound(agent, "web"), answer.SerializeToString(), msg_id=f"r{i}"
                 )
                 chunk = runtime_pb2.StreamChunk(agent_id=agent, source="web", response_id=f"r{i}", delta="x")
-                await bus.publish_core(f"multi.stream.{agent}.web", chunk.SerializeToString())
+                await bus.publish_core(f"{ns}.stream.{agent}.web", chunk.SerializeToString())
             got = []
             async with asyncio.timeout(10):
                 async for streamed in chunks:

@@ -28,6 +28,7 @@ from google.protobuf.message import DecodeError
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from parley.v1 import common_pb2, runtime_pb2
@@ -71,6 +72,7 @@ class Connector:
         ack_wait: float = 30.0,
         publish_timeout: float = 5.0,
         owns_bus: bool = False,
+        forget_after: float | None = None,
     ) -> None:
         if not source or any(c in source for c in ".*> "):
             raise platform_codes.INVALID_ARGUMENT(f"source {source!r} must be one subject token")
@@ -83,11 +85,19 @@ class Connector:
         self.durable = durable
         self.stream = self.subjects.stream("OUTBOUND")
         self.deliver = deliver
+        # None: the consumer stays while nobody reads it (a connector's replies wait for it); else
+        # the server removes it after that many seconds without a reader (the terminal's).
+        self.forget_after = forget_after
         self.ack_wait = ack_wait
         self.publish_timeout = publish_timeout
         self._owns_bus = owns_bus
         self._closed = False
         self._chunk_streams: set[Chunks] = set()
+        # One pull subscription for every replies() iterator: a reply answering the pull request of
+        # an iterator cancelled mid-fetch lands in its queue, where the next fetch takes it first,
+        # instead of in a closed inbox until the consumer's ack_wait.
+        self._pull: JetStreamContext.PullSubscription | None = None
+        self._fetching = asyncio.Lock()
 
     # --- setting up -------------------------------------------------------------------------------
 
@@ -149,6 +159,7 @@ class Connector:
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.NEW if self.deliver == "new" else DeliverPolicy.ALL,
             ack_wait=self.ack_wait,
+            inactive_threshold=self.forget_after,
             filter_subject=filters[0] if len(filters) == 1 else None,
             filter_subjects=filters if len(filters) > 1 else None,
         )
@@ -244,26 +255,23 @@ class Connector:
         comes again (``deliveries`` > 1) until ``ack()``ed. A payload that is not an
         OutboundMessage is logged and terminated, never yielded. Ends when the connector closes."""
         self._check_open()
-        sub = await self.bus.js.pull_subscribe_bind(self.durable, self.stream)
-        try:
-            while not self._closed:
-                try:
-                    [msg] = await sub.fetch(1, timeout=poll)
-                except (TimeoutError, nats.errors.TimeoutError):
-                    continue
-                except nats.errors.Error as exc:
-                    if self._closed or self.bus.nc.is_closed:
-                        return
-                    log.warning("reply fetch failed", consumer=self.durable, error=type(exc).__name__)
-                    await asyncio.sleep(0.5)
-                    continue
-                reply = await self._decode_reply(msg)
-                if reply is not None:
-                    yield reply
-        finally:
-            if not self.bus.nc.is_closed:
-                with contextlib.suppress(nats.errors.Error):
-                    await sub.unsubscribe()
+        while not self._closed:
+            try:
+                async with self._fetching:
+                    if self._pull is None:
+                        self._pull = await self.bus.js.pull_subscribe_bind(self.durable, self.stream)
+                    [msg] = await self._pull.fetch(1, timeout=poll)
+            except (TimeoutError, nats.errors.TimeoutError):
+                continue
+            except nats.errors.Error as exc:
+                if self._closed or self.bus.nc.is_closed:
+                    return
+                log.warning("reply fetch failed", consumer=self.durable, error=type(exc).__name__)
+                await asyncio.sleep(0.5)
+                continue
+            reply = await self._decode_reply(msg)
+            if reply is not None:
+                yield reply
 
     async def _decode_reply(self, msg: Msg) -> Reply | None:
         try:
@@ -348,6 +356,9 @@ class Connector:
         self._closed = True
         for stream in list(self._chunk_streams):
             await stream.aclose()
+        if self._pull is not None and not self.bus.nc.is_closed:
+            with contextlib.suppress(nats.errors.Error):
+                await self._pull.unsubscribe()
         if self._owns_bus:
             await self.bus.close()
 
