@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: install test-tools promtool run test lint typecheck unit e2e bench gen secrets fmt infra-up infra-down infra-status clean
+.PHONY: install test-tools promtool chromium run test lint typecheck unit e2e bench gen secrets fmt infra-up infra-down infra-status clean
 
 install: $(STAMP)
 
@@ -13,7 +13,7 @@ install: $(STAMP)
 # the alert rules and the dashboard's queries with promtool, from Debian's prometheus package:
 # installed only where it is missing (apt-get as root, else through sudo); if that fails, the build
 # stops here, not in a skipped check. `make run` does not need it.
-test-tools: promtool
+test-tools: promtool chromium
 
 promtool:
 	@command -v promtool >/dev/null 2>&1 || { \
@@ -25,6 +25,18 @@ promtool:
 	       "install Debian's prometheus package or put promtool on PATH" >&2; exit 1; }; \
 	  command -v promtool >/dev/null 2>&1 \
 	  || { echo "error: the prometheus package is installed but promtool is not on PATH" >&2; exit 1; }; }
+
+# tests/e2e/test_web_page.py drives the chat page in a real headless browser: Debian's chromium
+# (playwright's own browser download does not work on these machines; it is pointed at
+# /usr/bin/chromium). Installed only where it is missing, like promtool.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "chromium is missing: installing Debian's chromium for the web page's browser test"; \
+	  as_root=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  { $$as_root apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$as_root apt-get install -y -qq \
+	      --no-install-recommends chromium chromium-driver >/dev/null; } \
+	  || { echo "error: could not install chromium (apt-get install chromium chromium-driver failed)" >&2; \
+	       exit 1; }; }
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Parley needs Python 3.11, found {sys.version.split()[0]} (set PYTHON=...)"'
@@ -54,7 +66,7 @@ typecheck: install
 unit: install test-tools
 	$(BIN)/pytest tests/unit
 
-e2e: install
+e2e: install chromium
 	$(BIN)/pytest tests/e2e
 
 bench: install  ## benchmarks (not timed tests); each prints a JSON line last

@@ -134,8 +134,14 @@ def suite_env(env: BenchEnv) -> dict[str, str]:
 
 
 def service_process(module: str, env: BenchEnv, settings: dict[str, str], name: str) -> ServiceProcess:
-    """A service (``parley_runtime`` or ``parley_gateway``) on free ports, its log under ``env.logs``."""
-    prefix = {"parley_runtime": "RUNTIME", "parley_gateway": "GATEWAY"}[module]
+    """A service (``parley_runtime``, ``parley_gateway``, ``parley_pairing`` or ``parley_web``) on free
+    ports, its log under ``env.logs``."""
+    prefix = {
+        "parley_runtime": "RUNTIME",
+        "parley_gateway": "GATEWAY",
+        "parley_pairing": "PAIRING",
+        "parley_web": "WEB",
+    }[module]
     port = free_port()
     return ServiceProcess(
         module,

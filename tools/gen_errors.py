@@ -22,6 +22,7 @@ CATALOG_MODULES = [
     "parley_scheduler.errors",
     "parley_authz.errors",
     "parley_pairing.errors",
+    "parley_web.errors",
 ]
 
 

@@ -30,14 +30,17 @@ class Service:
 
 
 # In start order: `parley run` starts them top to bottom and stops them bottom to top.
-# The runtime comes last because it calls the others.
+# The runtime comes after the services it calls; the web connector last, as it calls the runtime.
 SERVICES = [
     Service("model-gateway", "parley_gateway", "GATEWAY", 50052, 9102),
     Service("pairing", "parley_pairing", "PAIRING", 50055, 9105),
     Service("authz", "parley_authz", "AUTHZ", 50054, 9104),
     Service("scheduler", "parley_scheduler", "SCHEDULER", 50053, 9103),
     Service("runtime", "parley_runtime", "RUNTIME", 50051, 9101),
+    Service("web", "parley_web", "WEB", 50056, 9106),
 ]
+WEB_PORT_ENV = "PARLEY_WEB_PORT"
+WEB_PORT = 8080
 SERVICE_BY_NAME = {service.name: service for service in SERVICES}
 
 

@@ -26,7 +26,9 @@ app = common.group("connectors", "Connectors: who may publish an agent's message
 call = client.caller("pairing", pairing_pb2_grpc.PairingStub)
 
 Name = Annotated[str, typer.Argument(metavar="NAME", help="lower-case letters, digits, '_' and '-'")]
-Source = Annotated[str, typer.Option(metavar="SOURCE", help="the source it publishes for, e.g. telegram")]
+Source = Annotated[
+    str, typer.Option(metavar="SOURCE", help="the source it publishes for, e.g. telegram (web for kind web)")
+]
 Kind = Annotated[str, typer.Option(metavar="KIND", help="nats (a process on the bus) or web")]
 Out = Annotated[Path | None, typer.Option(metavar="FILE", help="write its credentials file here (mode 0600)")]
 All = Annotated[bool, typer.Option("--all", help="include revoked connectors")]
@@ -73,6 +75,8 @@ async def add(
     name: Name, agent: Agent = "default", source: Source = "", kind: Kind = "nats", out: Out = None
 ) -> None:
     """Create a connector and print (or write with --out) its credentials, shown only once."""
+    if not source and kind == "web":
+        source = permissions.WEB_SOURCE  # the web service publishes every web connector's messages
     if not source:
         raise InvalidArgument("--source is required (the connector's source, e.g. telegram)")
     request = pairing_pb2.AddConnectorRequest(

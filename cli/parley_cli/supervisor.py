@@ -95,6 +95,9 @@ class Supervisor:
             for s in self.specs
             if not _port_free(s.metrics_port)
         ]
+        web_port = int(os.environ.get(config.WEB_PORT_ENV, config.WEB_PORT))
+        if not _port_free(web_port):
+            busy.append(f"web chat {web_port} ({config.WEB_PORT_ENV})")
         if busy:
             self.say("parley run: ports already in use: " + "; ".join(busy))
             self.say("Stop what holds them (another `make run`?) or move them with the variables named.")
@@ -189,6 +192,9 @@ class Supervisor:
         lines += [
             f"  logs          {self.logs}/",
             f"  token         {self.state / 'operator-token'}",
+            "",
+            "Chat in a browser (API key: .venv/bin/parley connectors add me --kind web):",
+            f"  http://127.0.0.1:{os.environ.get(config.WEB_PORT_ENV, config.WEB_PORT)}/",
             "",
             "Talk to the agent from another terminal:",
             '  .venv/bin/parley send --agent default "hello"',

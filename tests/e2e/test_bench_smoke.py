@@ -96,13 +96,33 @@ RUNS: dict[str, tuple[list[str], set[str], set[str]]] = {
     ),
     "streaming.py": (
         ["--turns", "3", "--model-latency-ms", "20", "--chunk-delay-ms", "2"],
-        {"first_chunk_ratio_to_gateway"},
-        {"runtime_first_chunk", "gateway_first_text", "gateway_first_item", "first_chunk_overhead_p50_ms"},
+        {
+            "first_chunk_ratio_to_gateway",
+            "web_first_chunk_ratio_to_runtime",
+            "web_first_chunk_ratio_to_gateway",
+        },
+        {
+            "runtime_first_chunk",
+            "gateway_first_text",
+            "gateway_first_item",
+            "first_chunk_overhead_p50_ms",
+            "web_first_chunk",
+        },
     ),
     "turn_latency.py": (
         ["--sequential", "10", "--concurrent", "20", "--in-flight", "8"],
         {"ratio_to_floor", "throughput_ratio_to_floor"},
         {"turn_sequential", "turn_concurrent", "floor"},
+    ),
+    "web.py": (
+        ["--sequential", "5", "--concurrent", "10", "--in-flight", "2"],
+        {
+            "reply_p50_ratio_to_nats",
+            "reply_p50_ratio_to_nats_durable",
+            "reply_throughput_ratio_to_nats",
+            "first_chunk_p50_ratio_to_nats",
+        },
+        {"series", "web_first_chunk_p50_ms"},
     ),
     "turn_throughput.py": (
         ["--turns", "30", "--in-flight", "8", "--census", "10", "--floor-n", "20", "--settle", "0.5"],

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,7 @@ def test_parley_run_brings_everything_up_and_ctrl_c_stops_it() -> None:
         for service in config.SERVICES
         for env in (service.grpc_env, service.metrics_env)
     }
+    ports[config.WEB_PORT_ENV] = str(free_port())
     env = {k: v for k, v in os.environ.items() if not k.startswith("PARLEY_")}
     env.update(ports)
     env.update(
@@ -132,6 +134,15 @@ def test_parley_run_brings_everything_up_and_ctrl_c_stops_it() -> None:
                 break
         assert any("Parley is running." in line for line in output), "".join(output)
         assert (state / "logs" / "runtime.log").exists()
+        # The web connector's chat page, at the address the banner gives.
+        web = f"http://127.0.0.1:{ports[config.WEB_PORT_ENV]}/"
+        rest_of_banner: list[str] = []
+        while not rest_of_banner or "Press Ctrl-C" not in rest_of_banner[-1]:
+            rest_of_banner.append(supervisor.stdout.readline())
+            assert rest_of_banner[-1], "".join(output + rest_of_banner)
+        assert any(web in line for line in rest_of_banner), "".join(output + rest_of_banner)
+        with urllib.request.urlopen(web, timeout=10) as page:
+            assert "Parley chat" in page.read().decode()
 
         result = run(["send", "hello, make run"], env)
         assert result.returncode == 0, result.stderr + "".join(output)

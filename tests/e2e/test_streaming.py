@@ -18,14 +18,24 @@ import pytest
 from nats.aio.client import Client
 from test_cli import cli_env, run
 
-from parley.v1 import model_pb2, pairing_pb2, runtime_pb2, runtime_pb2_grpc
+from parley.v1 import model_pb2, model_pb2_grpc, pairing_pb2, runtime_pb2, runtime_pb2_grpc
 from parley.v1.model_nats import ModelGatewayClient
 from parley.v1.pairing_nats import PairingClient
 from parley.v1.runtime_nats import RuntimeClient
 from parley_platform.bus import Bus
+from parley_platform.consumer import DEAD_REASON
 from parley_platform.rpc import RpcClient
 from parley_platform.testing import eventually
-from support import DEFAULT_AGENT_ID, SessionEnv, Suite, inbound, publish_inbound, replies_to, turn_of
+from support import (
+    DEFAULT_AGENT_ID,
+    SessionEnv,
+    Suite,
+    inbound,
+    publish_inbound,
+    replies_to,
+    stream_messages,
+    turn_of,
+)
 
 SOURCE = "webtest"
 SLOW = "please stream slowly"
@@ -70,6 +80,17 @@ class World:
                 r'^parley_model_requests_total\{[^}]*outcome="CANCELLED"[^}]*\} (\S+)', text, re.M
             )
         )
+
+    def first_chunks(self) -> list[float]:
+        """Each runtime replica's count of turns that streamed a first chunk."""
+        counts = []
+        for runtime in self.suite.runtimes:
+            port = runtime.env["PARLEY_RUNTIME_METRICS_PORT"]
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                text = response.read().decode()
+            found = re.search(r"^parley_turn_first_chunk_seconds_count (\S+)", text, re.M)
+            counts.append(float(found.group(1)) if found else 0.0)
+        return counts
 
     def provider_saw_cancels(self) -> int:
         assert self.suite.gateway is not None
@@ -155,28 +176,25 @@ async def test_a_newer_message_supersedes_the_stream(world: World) -> None:
     assert answer.text == "You said: never mind"
 
 
-async def test_cancel_turn_over_grpc(world: World) -> None:
+async def test_cancel_turn_over_grpc_reaches_the_replica_running_the_turn(world: World) -> None:
     saw = world.provider_saw_cancels()
+    before = world.first_chunks()
     message = await world.start_slow()
-    # The gRPC port of either replica: the cancel reaches the one running the turn.
-    for runtime in world.suite.runtimes:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
-            stub = runtime_pb2_grpc.RuntimeStub(channel)
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await stub.CancelTurn(
-                    runtime_pb2.CancelTurnRequest(agent_id=DEFAULT_AGENT_ID, turn_id=str(_turn_id(message))),
-                    timeout=10,
-                )
-            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    runtime = world.suite.runtimes[1]
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
+    after = world.first_chunks()
+    [holder] = [i for i, (b, a) in enumerate(zip(before, after, strict=True)) if a > b]
+    other = world.suite.runtimes[1 - holder]  # the call lands on the replica NOT running the turn
+    request = runtime_pb2.CancelTurnRequest(agent_id="default", turn_id=str(_turn_id(message)))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{other.grpc_port}") as channel:
         stub = runtime_pb2_grpc.RuntimeStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.CancelTurn(request, timeout=10)  # no operator token
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert not any(c.final for c in world.chunks.of(message))
         answer = await stub.CancelTurn(
-            runtime_pb2.CancelTurnRequest(agent_id=DEFAULT_AGENT_ID, turn_id=str(_turn_id(message))),
-            metadata=[("authorization", f"Bearer {world.suite.env.token}")],
-            timeout=10,
+            request, metadata=[("authorization", f"Bearer {world.suite.env.token}")], timeout=10
         )
     assert answer.cancelled
+    assert answer.turn_id == str(_turn_id(message))
     await world.assert_stopped(message, "cancelled", saw)
 
 
@@ -228,6 +246,15 @@ async def test_a_connector_cancels_its_own_turns_and_only_those(world: World) ->
         await nc.flush()
         await asyncio.sleep(0.5)
         assert any(f'publish to "{other.lower()}"' in r for r in refusals)
+        assert not any(c.final for c in world.chunks.of(message))
+        # Garbage on its own subject: dead-lettered with a reason (by each replica), the turn runs on.
+        await nc.publish(f"{ns}.cancel.{DEFAULT_AGENT_ID}.{SOURCE}", b"\xff\xff not a request")
+        await nc.publish(
+            f"{ns}.cancel.{DEFAULT_AGENT_ID}.{SOURCE}",
+            runtime_pb2.CancelTurnRequest(reason="which?").SerializeToString(),
+        )
+        dead = await eventually(lambda: _dead_cancels(world.bus), timeout=10, what="the dead letters")
+        assert {"not a CancelTurnRequest", "name the turn: turn_id, or message_id with its source"} <= dead
         assert not any(c.final for c in world.chunks.of(message))
         # Its own subject: the turn stops (a request, answered by the replica that runs it).
         own = f"{ns}.cancel.{DEFAULT_AGENT_ID}.{SOURCE}"
@@ -328,3 +355,32 @@ async def test_a_cancel_racing_the_reply_either_stops_it_or_says_it_was_too_late
         if final or was_cancelled:
             final_chunk = await world.chunks.final(message)
             assert final_chunk.outcome == ("cancelled" if was_cancelled else "completed")
+
+
+async def _dead_cancels(bus: Bus) -> set[str] | None:
+    msgs = await stream_messages(bus, bus.subjects.dead("CANCEL"))
+    reasons = {(m.headers or {}).get(DEAD_REASON, "") for m in msgs}
+    return reasons if len(reasons) >= 2 else None
+
+
+async def test_a_grpc_client_cancelling_the_gateway_stream_cancels_the_provider(world: World) -> None:
+    assert world.suite.gateway is not None
+    saw = world.provider_saw_cancels()
+    request = model_pb2.GenerateRequest(
+        agent_id=DEFAULT_AGENT_ID,
+        model_type=model_pb2.MODEL_TYPE_TEXT_LARGE,
+        prompt=f"# Current message\nAnn: {SLOW}",
+    )
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{world.suite.gateway.grpc_port}") as channel:
+        call = model_pb2_grpc.ModelGatewayStub(channel).GenerateStream(
+            request, metadata=[("authorization", f"Bearer {world.suite.env.token}")], timeout=30
+        )
+        got = 0
+        async for _ in call:
+            got += 1
+            if got == 2:
+                break
+        call.cancel()
+    await eventually(
+        lambda: _is(world.provider_saw_cancels() > saw), timeout=20, what="the provider's cancellation"
+    )

@@ -4,6 +4,7 @@ deadlines, and one mapping from Parley errors to gRPC status codes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -137,8 +138,9 @@ def _stream(method: Method, default_timeout: float) -> Handler:
         budget = _budget(context, default_timeout)
         try:
             request = _decode(method, raw)
-            async with asyncio.timeout(budget):
-                async for item in method.call(request):
+            # Closed however the call ends (the client cancelling included), not by the GC.
+            async with asyncio.timeout(budget), contextlib.aclosing(method.call(request)) as items:
+                async for item in items:
                     yield item
         except ParleyError as exc:
             await _abort(context, exc)

@@ -86,6 +86,8 @@ def _service(
 
 
 WORKER_HEARTBEAT = f"{NS}.scheduler.heartbeat.*"
+WEB_SOURCE = "web"  # the source of every message the web service publishes
+WEB_DURABLE = "web"  # the web service's durable consumer on OUTBOUND, filtered to its source
 REGISTER_WORKER = f"{NS}.scheduler.RegisterWorker"
 
 IDENTITIES: dict[str, Identity] = {
@@ -169,10 +171,32 @@ IDENTITIES: dict[str, Identity] = {
         _service("pairing", serves="pairing", subscribe=[AUTH_SUBJECT]),
         "pairing: serves pairing and connectors, and admits connectors to NATS (auth callout)",
     ),
+    "web": Identity(
+        "web",
+        _service(
+            "web",
+            serves="web",
+            publish=[
+                f"{NS}.inbound.*.{WEB_SOURCE}",
+                f"{NS}.cancel.*.{WEB_SOURCE}",
+                *rpc("pairing", "ConnectorByApiKey"),
+                *rpc("runtime", "ListAgents", "ListMemories"),
+                # Its own durable consumer on OUTBOUND (any namespace's stream: a stream name is one
+                # token), created only with the filter of the web source's replies.
+                f"$JS.API.CONSUMER.CREATE.*.{WEB_DURABLE}.{NS}.outbound.*.{WEB_SOURCE}",
+                f"$JS.API.CONSUMER.INFO.*.{WEB_DURABLE}",
+                f"$JS.API.CONSUMER.MSG.NEXT.*.{WEB_DURABLE}",
+                f"$JS.ACK.*.{WEB_DURABLE}.>",
+            ],
+            subscribe=[f"{NS}.stream.*.{WEB_SOURCE}"],
+        ),
+        "the web connector: the chat page and the OpenAI-compatible API; publishes its users' "
+        "messages for source web, reads their replies through its own durable consumer",
+    ),
     # The operator's tools (the CLI, its terminal chat, the tests' clients) may do anything.
     "operator": Identity("operator", Permissions(publish=(">",), subscribe=(">",)), "the operator's tools"),
 }
-SERVICES = ("runtime", "model", "scheduler", "authz", "pairing")
+SERVICES = ("runtime", "model", "scheduler", "authz", "pairing", "web")
 
 
 def connector_durable(name: str) -> str:

@@ -1,15 +1,19 @@
 """The connector methods of ``parley.v1.Pairing``: operators create, list and revoke connectors.
-No service identity may call them over NATS (parley_platform.permissions)."""
+No service identity may call them over NATS (parley_platform.permissions), except
+ConnectorByApiKey, with which the web service checks the API keys its clients present."""
 
 from __future__ import annotations
 
 from parley.v1 import pairing_pb2
+from parley_platform import permissions
 from parley_platform.convert import timestamp, uuid_of
 
 from . import errors
 from .callout import Kicker
 from .connectors import Connector, check_kind, check_name, check_source, digest, new_secret
 from .store import ConnectorStore
+
+API_KEY_DIGEST_BYTES = 32
 
 
 def connector_pb(connector: Connector) -> pairing_pb2.Connector:
@@ -37,6 +41,8 @@ class ConnectorsApi:
         agent_id = uuid_of(request.agent_id, "agent_id")
         source = check_source(request.source)
         kind = check_kind(request.kind)
+        if kind == "web" and source != permissions.WEB_SOURCE:
+            raise errors.INVALID_SOURCE(f"a web connector's source is {permissions.WEB_SOURCE!r}")
         password = new_secret()
         api_key = new_secret() if kind == "web" else ""
         connector = await self.store.add(
@@ -73,3 +79,13 @@ class ConnectorsApi:
         return pairing_pb2.RevokeConnectorResponse(
             connector=connector_pb(connector), connections_closed=closed
         )
+
+    async def ConnectorByApiKey(
+        self, request: pairing_pb2.ConnectorByApiKeyRequest
+    ) -> pairing_pb2.ConnectorByApiKeyResponse:
+        if len(request.api_key_digest) != API_KEY_DIGEST_BYTES:
+            raise errors.INVALID_API_KEY_DIGEST("api_key_digest must be the 32 bytes of a SHA-256 digest")
+        found = await self.store.by_api_key(request.api_key_digest)
+        if found is None or found.namespace != self.namespace or found.kind != "web":
+            raise errors.CONNECTOR_NOT_FOUND("no web connector with that API key that may still connect")
+        return pairing_pb2.ConnectorByApiKeyResponse(connector=connector_pb(found))

@@ -79,6 +79,11 @@ INVALID_SOURCE = define(
 INVALID_CONNECTOR_KIND = define(
     "INVALID_CONNECTOR_KIND", Kind.INVALID_ARGUMENT, "A connector's kind is neither nats nor web."
 )
+INVALID_API_KEY_DIGEST = define(
+    "INVALID_API_KEY_DIGEST",
+    Kind.INVALID_ARGUMENT,
+    "An API key is looked up by its SHA-256 digest: 32 bytes.",
+)
 CONNECTOR_EXISTS = define(
     "CONNECTOR_EXISTS",
     Kind.CONFLICT,

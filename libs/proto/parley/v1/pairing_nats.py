@@ -70,3 +70,8 @@ class PairingClient(NatsClient):
         self, request: pairing_pb2.RevokeConnectorRequest, *, timeout: float | None = None
     ) -> pairing_pb2.RevokeConnectorResponse:
         return await self._call("RevokeConnector", request, pairing_pb2.RevokeConnectorResponse, timeout)
+
+    async def ConnectorByApiKey(
+        self, request: pairing_pb2.ConnectorByApiKeyRequest, *, timeout: float | None = None
+    ) -> pairing_pb2.ConnectorByApiKeyResponse:
+        return await self._call("ConnectorByApiKey", request, pairing_pb2.ConnectorByApiKeyResponse, timeout)

@@ -898,6 +898,49 @@ class RevokeConnectorRequest(_message.Message):
 Global___RevokeConnectorRequest: _TypeAlias = RevokeConnectorRequest  # noqa: Y015
 
 @_typing.final
+class ConnectorByApiKeyRequest(_message.Message):
+    """The web connector checks an API key: it sends the key's SHA-256 digest, never the key."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    API_KEY_DIGEST_FIELD_NUMBER: _builtins.int
+    api_key_digest: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        api_key_digest: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key_digest", b"api_key_digest"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConnectorByApiKeyRequest: _TypeAlias = ConnectorByApiKeyRequest  # noqa: Y015
+
+@_typing.final
+class ConnectorByApiKeyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONNECTOR_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def connector(self) -> Global___Connector:
+        """a web connector of this namespace, not revoked"""
+
+    def __init__(
+        self,
+        *,
+        connector: Global___Connector | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["connector", b"connector"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connector", b"connector"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConnectorByApiKeyResponse: _TypeAlias = ConnectorByApiKeyResponse  # noqa: Y015
+
+@_typing.final
 class RevokeConnectorResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

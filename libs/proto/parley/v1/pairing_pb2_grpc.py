@@ -29,6 +29,7 @@ class PairingStub:
     """Served over gRPC for operators and over NATS request/reply on
     <ns>.pairing.<Method> (queue group `pairing`) for services. AddConnector, ListConnectors and
     RevokeConnector are operators' calls: no service identity may publish to them.
+    ConnectorByApiKey is the web service's (unknown or revoked keys: CONNECTOR_NOT_FOUND).
     """
 
     def __init__(self, channel):
@@ -97,12 +98,18 @@ class PairingStub:
                 request_serializer=parley_dot_v1_dot_pairing__pb2.RevokeConnectorRequest.SerializeToString,
                 response_deserializer=parley_dot_v1_dot_pairing__pb2.RevokeConnectorResponse.FromString,
                 _registered_method=True)
+        self.ConnectorByApiKey = channel.unary_unary(
+                '/parley.v1.Pairing/ConnectorByApiKey',
+                request_serializer=parley_dot_v1_dot_pairing__pb2.ConnectorByApiKeyRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_pairing__pb2.ConnectorByApiKeyResponse.FromString,
+                _registered_method=True)
 
 
 class PairingServicer:
     """Served over gRPC for operators and over NATS request/reply on
     <ns>.pairing.<Method> (queue group `pairing`) for services. AddConnector, ListConnectors and
     RevokeConnector are operators' calls: no service identity may publish to them.
+    ConnectorByApiKey is the web service's (unknown or revoked keys: CONNECTOR_NOT_FOUND).
     """
 
     def UpsertRequest(self, request, context):
@@ -177,6 +184,12 @@ class PairingServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ConnectorByApiKey(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PairingServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -240,6 +253,11 @@ def add_PairingServicer_to_server(servicer, server):
                     request_deserializer=parley_dot_v1_dot_pairing__pb2.RevokeConnectorRequest.FromString,
                     response_serializer=parley_dot_v1_dot_pairing__pb2.RevokeConnectorResponse.SerializeToString,
             ),
+            'ConnectorByApiKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConnectorByApiKey,
+                    request_deserializer=parley_dot_v1_dot_pairing__pb2.ConnectorByApiKeyRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_pairing__pb2.ConnectorByApiKeyResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'parley.v1.Pairing', rpc_method_handlers)
@@ -252,6 +270,7 @@ class Pairing:
     """Served over gRPC for operators and over NATS request/reply on
     <ns>.pairing.<Method> (queue group `pairing`) for services. AddConnector, ListConnectors and
     RevokeConnector are operators' calls: no service identity may publish to them.
+    ConnectorByApiKey is the web service's (unknown or revoked keys: CONNECTOR_NOT_FOUND).
     """
 
     @staticmethod
@@ -568,6 +587,33 @@ class Pairing:
             '/parley.v1.Pairing/RevokeConnector',
             parley_dot_v1_dot_pairing__pb2.RevokeConnectorRequest.SerializeToString,
             parley_dot_v1_dot_pairing__pb2.RevokeConnectorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConnectorByApiKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.Pairing/ConnectorByApiKey',
+            parley_dot_v1_dot_pairing__pb2.ConnectorByApiKeyRequest.SerializeToString,
+            parley_dot_v1_dot_pairing__pb2.ConnectorByApiKeyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -30,6 +30,7 @@ class PairingStub:
     """Served over gRPC for operators and over NATS request/reply on
     <ns>.pairing.<Method> (queue group `pairing`) for services. AddConnector, ListConnectors and
     RevokeConnector are operators' calls: no service identity may publish to them.
+    ConnectorByApiKey is the web service's (unknown or revoked keys: CONNECTOR_NOT_FOUND).
     """
 
     @_typing.overload
@@ -48,12 +49,14 @@ class PairingStub:
     AddConnector: _grpc.UnaryUnaryMultiCallable[_pairing_pb2.AddConnectorRequest, _pairing_pb2.AddConnectorResponse]
     ListConnectors: _grpc.UnaryUnaryMultiCallable[_pairing_pb2.ListConnectorsRequest, _pairing_pb2.ListConnectorsResponse]
     RevokeConnector: _grpc.UnaryUnaryMultiCallable[_pairing_pb2.RevokeConnectorRequest, _pairing_pb2.RevokeConnectorResponse]
+    ConnectorByApiKey: _grpc.UnaryUnaryMultiCallable[_pairing_pb2.ConnectorByApiKeyRequest, _pairing_pb2.ConnectorByApiKeyResponse]
 
 @_typing.type_check_only
 class PairingAsyncStub(PairingStub):
     """Served over gRPC for operators and over NATS request/reply on
     <ns>.pairing.<Method> (queue group `pairing`) for services. AddConnector, ListConnectors and
     RevokeConnector are operators' calls: no service identity may publish to them.
+    ConnectorByApiKey is the web service's (unknown or revoked keys: CONNECTOR_NOT_FOUND).
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -69,11 +72,13 @@ class PairingAsyncStub(PairingStub):
     AddConnector: _aio.UnaryUnaryMultiCallable[_pairing_pb2.AddConnectorRequest, _pairing_pb2.AddConnectorResponse]  # type: ignore[assignment]
     ListConnectors: _aio.UnaryUnaryMultiCallable[_pairing_pb2.ListConnectorsRequest, _pairing_pb2.ListConnectorsResponse]  # type: ignore[assignment]
     RevokeConnector: _aio.UnaryUnaryMultiCallable[_pairing_pb2.RevokeConnectorRequest, _pairing_pb2.RevokeConnectorResponse]  # type: ignore[assignment]
+    ConnectorByApiKey: _aio.UnaryUnaryMultiCallable[_pairing_pb2.ConnectorByApiKeyRequest, _pairing_pb2.ConnectorByApiKeyResponse]  # type: ignore[assignment]
 
 class PairingServicer(metaclass=_abc_1.ABCMeta):
     """Served over gRPC for operators and over NATS request/reply on
     <ns>.pairing.<Method> (queue group `pairing`) for services. AddConnector, ListConnectors and
     RevokeConnector are operators' calls: no service identity may publish to them.
+    ConnectorByApiKey is the web service's (unknown or revoked keys: CONNECTOR_NOT_FOUND).
     """
 
     @_abc_1.abstractmethod
@@ -159,5 +164,12 @@ class PairingServicer(metaclass=_abc_1.ABCMeta):
         request: _pairing_pb2.RevokeConnectorRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_pairing_pb2.RevokeConnectorResponse, _abc.Awaitable[_pairing_pb2.RevokeConnectorResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ConnectorByApiKey(
+        self,
+        request: _pairing_pb2.ConnectorByApiKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pairing_pb2.ConnectorByApiKeyResponse, _abc.Awaitable[_pairing_pb2.ConnectorByApiKeyResponse]]: ...
 
 def add_PairingServicer_to_server(servicer: PairingServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

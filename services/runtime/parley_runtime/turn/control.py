@@ -18,6 +18,7 @@ stay silent. A CancelTurn whose turn no replica holds gets ``cancelled=false`` a
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -27,6 +28,7 @@ from google.protobuf.message import DecodeError
 
 from parley.v1 import runtime_pb2
 from parley_platform.bus import Bus
+from parley_platform.consumer import DEAD_REASON, DEAD_STREAM, DEAD_SUBJECT
 from parley_platform.convert import uuid_or_none
 from parley_platform.errors import ParleyError
 from parley_platform.logging import get_logger
@@ -105,12 +107,26 @@ class TurnControl:
             request = runtime_pb2.CancelTurnRequest.FromString(msg.data)
             request.agent_id, request.source = agent, source  # the subject wins
             agent_id, turn_id = self._target(request, source)
-        except (DecodeError, ParleyError) as exc:
-            log.info("connector cancel refused", subject=msg.subject, error=str(exc)[:200])
+        except DecodeError:
+            await self._dead(msg, "not a CancelTurnRequest")
+            return
+        except ParleyError as exc:
+            await self._dead(msg, exc.message)
             return
         reason = request.reason or f"cancelled by the {source} connector"
         if self.running.cancel(agent_id, turn_id, source=source, reason=reason):
             await self._answer(msg, turn_id)
+
+    async def _dead(self, msg: Any, reason: str) -> None:
+        """A malformed cancel goes to the dead-letter stream with its reason; nothing else happens.
+        Every replica hears it: the message id keeps one copy."""
+        log.info("connector cancel refused", subject=msg.subject, reason=reason)
+        headers = {DEAD_REASON: reason[:1000], DEAD_SUBJECT: msg.subject, DEAD_STREAM: ""}
+        copy = hashlib.sha256(msg.subject.encode() + b"\0" + msg.data).hexdigest()[:32]
+        with contextlib.suppress(ParleyError):
+            await self.bus.publish(
+                self.bus.subjects.dead("CANCEL"), msg.data[:65536], headers=headers, msg_id=f"cancel:{copy}"
+            )
 
     async def _on_room_taken(self, msg: Any) -> None:
         try:
