@@ -35,9 +35,12 @@ URL_WITH_PASSWORD = re.compile(r"\w+://[^/\s:@]+:[^/\s@]+@")
 
 
 def compose_services() -> dict[str, str]:
-    """Parley service name → the module it runs, from docker-compose.yml."""
+    """Parley service name → the module it runs, from docker-compose.yml (the optional chat
+    connectors under a compose profile need a platform's token and are not deployed by the base)."""
     services = yaml.safe_load(COMPOSE.read_text())["services"]
-    return {name: svc["command"][2] for name, svc in services.items() if "build" in svc}
+    return {
+        name: svc["command"][2] for name, svc in services.items() if "build" in svc and not svc.get("profiles")
+    }
 
 
 def ports_of(module: str) -> dict[str, tuple[str, int]]:
