@@ -18,6 +18,7 @@ from parley_platform.logging import get_logger
 
 from ..agents.directory import AgentDirectory, AgentInfo
 from ..records import NewMessage
+from ..roles import capped_claim, turn_role
 from ..sdk import HistoryLine, Participant
 from ..store import RuntimeStore
 from .actions import ActionRunner
@@ -161,7 +162,7 @@ class TurnProcessor:
                 content=message.content(),
                 external_id=proto.message_id,
                 history=self.settings.history,
-                sender_role=message.claimed_role,
+                sender_role=capped_claim(agent, message.claimed_role),
                 reply_to_id=message.reply_to_id,
                 origin=message.origin.value,
             )
@@ -194,7 +195,9 @@ class TurnProcessor:
             self.resources,
             agent,
             message,
-            role=ingested.sender_role or message.claimed_role or "MEMBER",
+            role=turn_role(
+                ingested.sender_role, ingested.sender_role_source, capped_claim(agent, message.claimed_role)
+            ),
             history=[
                 HistoryLine(
                     str(h.entity_id),
