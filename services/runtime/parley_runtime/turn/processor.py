@@ -23,6 +23,7 @@ from ..sdk import HistoryLine, Participant
 from ..store import RuntimeStore
 from .actions import ActionRunner
 from .autonomous import autonomous_pipeline
+from .capabilities import CapabilityGate
 from .inbound import Inbound, decode_inbound, origin_of, parse_subject
 from .pipeline import Pipeline, Stage
 from .ports import Ports
@@ -59,7 +60,13 @@ class TurnProcessor:
         self.settings = settings
         self.background = Background()
         logging = settings.trajectory_logging
-        runner = ActionRunner(store=self.store, model=ports.model, events=ports.events, metrics=metrics)
+        runner = ActionRunner(
+            store=self.store,
+            model=ports.model,
+            events=ports.events,
+            metrics=metrics,
+            capabilities=CapabilityGate(ports.authz),
+        )
         stages: list[Stage] = [
             Gate(self.store, ports.pairing),
             ShouldRespond(self.store, ports.model, trajectory_logging=logging),
