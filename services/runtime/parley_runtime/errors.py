@@ -103,7 +103,7 @@ PARTICIPANT_NOT_FOUND = define(
     "PARTICIPANT_NOT_FOUND",
     Kind.NOT_FOUND,
     "SetParticipantRole named a room or an entity the agent does not have.",
-    hint="list them with `parley rooms AGENT` and `parley entities AGENT`",
+    hint="list them with `parley rooms list --agent A` and `parley entities list --agent A`",
 )
 INVALID_ROLE = define(
     "INVALID_ROLE", Kind.INVALID_ARGUMENT, "A role is not one of OWNER, ADMIN, MEMBER, GUEST or NONE."
