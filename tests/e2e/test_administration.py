@@ -7,8 +7,11 @@ account snapshot burns the authority and is reported."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -375,3 +378,61 @@ async def test_a_capability_runs_once_authorized_and_a_stale_snapshot_is_reporte
     assert action["outcome"] == "stale", action
     assert action["result"]["error"].startswith("STALE_CAPABILITY_AUTHORIZATION")
     assert admin.lines("PAY_OP") == ["PAY_OP inv-7"]
+
+
+def cli(admin: Admin, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PARLEY_NATS_URL": admin.suite.env.nats_url,
+        "PARLEY_NAMESPACE": admin.suite.namespace,
+        "PARLEY_OPERATOR_TOKEN": admin.suite.env.token,
+        "PARLEY_RUNTIME_ADDR": f"127.0.0.1:{admin.suite.runtime.grpc_port}",
+    }
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "parley"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def test_the_cli_lists_sets_roles_and_mutes(admin: Admin) -> None:
+    channel = f"cli-{secrets.token_hex(3)}"
+    message = await admin.send("hello from erin", channel=channel, sender="erin")
+    await admin.finished(message)
+    room = str(ids.room_id(STEWARD, "e2e", channel))
+    erin = str(ids.entity_id(STEWARD, "e2e", "erin"))
+
+    listed = cli(admin, "rooms", "list", "--agent", "steward")
+    assert listed.returncode == 0, listed.stderr
+    assert any(line.startswith(room) and channel in line for line in listed.stdout.splitlines())
+    role = cli(admin, "participants", "role", room, erin, "owner", "--agent", "steward")
+    assert role.returncode == 0, role.stderr
+    assert role.stdout.strip() == f"{erin} is OWNER in room {room} (set by the operator)"
+    people = cli(admin, "participants", "list", "--agent", "steward", "--room", room, "--json")
+    [erin_row] = [p for p in json.loads(people.stdout)["items"] if p["entity_id"] == erin]
+    assert (erin_row["role"], erin_row["role_source"]) == ("OWNER", "operator")
+    entities = cli(admin, "entities", "list", "--agent", "steward", "--room", room)
+    assert "Erin" in entities.stdout
+
+    muted = cli(admin, "rooms", "mute", room, "--agent", "steward", "--for", "10m")
+    assert muted.returncode == 0, muted.stderr
+    assert muted.stdout.startswith(f"agent {STEWARD} muted in room {room} until ")
+    quiet = await admin.send("anyone", channel=channel, sender="erin")
+    assert (await admin.finished(quiet))["reason"] == "muted"
+    unmuted = cli(admin, "rooms", "unmute", room, "--agent", "steward")
+    assert unmuted.stdout.strip() == f"agent {STEWARD} unmuted in room {room}"
+
+    bad = cli(admin, "rooms", "mute", room, "--agent", "steward", "--for", "soon")
+    assert bad.returncode == 1
+    assert "--for must be a number" in bad.stderr
+    bad_role = cli(admin, "participants", "role", room, erin, "king", "--agent", "steward")
+    assert bad_role.returncode == 1
+    assert "role must be one of" in bad_role.stderr
+    worlds = cli(admin, "worlds", "list", "--agent", "steward", "--json")
+    assert worlds.returncode == 0, worlds.stderr
+    relationships = cli(admin, "relationships", "list", "--agent", "steward", "--tag", "nobody")
+    assert relationships.returncode == 0, relationships.stderr
+    assert relationships.stdout.splitlines()[-1] == "(none)"
