@@ -4,10 +4,8 @@ relationships as the operator reads them, roles the operator sets, and mutes of 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
-
-from psycopg.types.json import Jsonb
 
 from parley_platform.postgres import Database
 
@@ -70,29 +68,6 @@ class AdminStore:
             {"agent_id": agent_id, "entity_id": entity_id, "tag": tag, "limit": limit, "offset": offset},
             what="list relationships",
         )
-
-    async def upsert_relationship(
-        self,
-        agent_id: uuid.UUID,
-        source_entity_id: uuid.UUID,
-        target_entity_id: uuid.UUID,
-        tags: Sequence[str],
-        metadata: Mapping[str, Any],
-    ) -> uuid.UUID:
-        row = await self.db.fetchone(
-            Q["upsert_relationship"],
-            {
-                "agent_id": agent_id,
-                "id": uuid.uuid4(),
-                "source_entity_id": source_entity_id,
-                "target_entity_id": target_entity_id,
-                "tags": sorted(set(tags)),
-                "metadata": Jsonb(dict(metadata)),
-            },
-            what="upsert relationship",
-        )
-        assert row is not None
-        return uuid.UUID(str(row["id"]))
 
     async def set_participant_role(
         self, agent_id: uuid.UUID, room_id: uuid.UUID, entity_id: uuid.UUID, role: str

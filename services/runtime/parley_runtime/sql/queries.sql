@@ -618,15 +618,6 @@ SELECT id, source_entity_id, target_entity_id, tags, metadata, created_at, updat
  ORDER BY updated_at DESC, id DESC
  LIMIT %(limit)s OFFSET %(offset)s;
 
--- upsert_relationship --
--- One relationship per (source, target): tags are merged, metadata is merged.
-INSERT INTO runtime.relationship (agent_id, id, source_entity_id, target_entity_id, tags, metadata)
-VALUES (%(agent_id)s, %(id)s, %(source_entity_id)s, %(target_entity_id)s, %(tags)s, %(metadata)s)
-ON CONFLICT (agent_id, source_entity_id, target_entity_id) DO UPDATE
-   SET tags = ARRAY(SELECT DISTINCT unnest(relationship.tags || excluded.tags) ORDER BY 1),
-       metadata = relationship.metadata || excluded.metadata, updated_at = now()
-RETURNING id;
-
 -- set_participant_role --
 -- The operator's role for an entity in a room (the entity must exist for this agent; the room too).
 -- From now on the next turn's role gate reads it, and a connector's claim never changes it.
