@@ -365,6 +365,33 @@ async def test_a_capability_runs_once_authorized_and_a_stale_snapshot_is_reporte
     assert len(action["result"]["values"]["authorization_id"]) == 64
     assert admin.lines("PAY_OP") == ["PAY_OP inv-7"]
 
+    # A confirm-tagged capability: the turn only asks; the approval runs it once, authorized.
+    asked = await admin.send("pay after confirmation", channel=f"pay-{secrets.token_hex(3)}")
+    assert (await admin.action(asked, "PAY_CONFIRMED"))["outcome"] == "pending"
+    call_id = f"{ids.message_id(STEWARD, 'e2e', asked.message_id)}:0"
+    await admin.call(
+        admin.authz,
+        "Decide",
+        authz_pb2.DecideRequest(
+            agent_id=str(STEWARD),
+            tool_call_id=call_id,
+            decision=authz_pb2.TOOL_DECISION_APPROVE,
+            decided_by="e2e",
+        ),
+    )
+
+    async def settled() -> authz_pb2.ToolCall | None:
+        call = await admin.call(
+            admin.authz,
+            "GetToolCall",
+            authz_pb2.GetToolCallRequest(agent_id=str(STEWARD), tool_call_id=call_id),
+        )
+        return call if call.outcome != authz_pb2.TOOL_OUTCOME_UNSPECIFIED else None
+
+    call = await eventually(settled, timeout=30, what="the approved payment to settle")
+    assert call.outcome == authz_pb2.TOOL_OUTCOME_SUCCESS, call
+    assert admin.lines("PAY_OP") == ["PAY_OP inv-7", "PAY_OP inv-9"]
+
     # The account is reconnected under a new snapshot: the agent's snapshot-1 authority is stale.
     await admin.call(
         admin.authz,
@@ -377,7 +404,7 @@ async def test_a_capability_runs_once_authorized_and_a_stale_snapshot_is_reporte
     action = await admin.action(stale, "PAY_OP")
     assert action["outcome"] == "stale", action
     assert action["result"]["error"].startswith("STALE_CAPABILITY_AUTHORIZATION")
-    assert admin.lines("PAY_OP") == ["PAY_OP inv-7"]
+    assert admin.lines("PAY_OP") == ["PAY_OP inv-7", "PAY_OP inv-9"]
 
 
 def cli(admin: Admin, *args: str) -> subprocess.CompletedProcess[str]:

@@ -106,6 +106,14 @@ fixtures_plugin = Plugin(
             parameters=(Parameter("invoice", "the invoice id", required=True, schema={"type": "string"}),),
         ),
         Action(
+            "PAY_CONFIRMED",
+            "pays an invoice once a person confirms",
+            _pay,
+            tags=frozenset({Tag.CONFIRM}),
+            capability=Capability("payments.transfer", "create", "R3"),
+            parameters=(Parameter("invoice", "the invoice id", required=True, schema={"type": "string"}),),
+        ),
+        Action(
             "FORECAST",
             "the weather forecast for a city",
             _forecast,
