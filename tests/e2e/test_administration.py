@@ -24,7 +24,9 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from parley.v1 import authz_pb2, authz_pb2_grpc, runtime_pb2, runtime_pb2_grpc
+from parley.v1.runtime_nats import RuntimeClient
 from parley_platform.bus import Bus
+from parley_platform.rpc import RpcClient
 from parley_platform.testing import eventually
 from parley_runtime import ids
 from support import AGENT_NAMESPACE, ROOT, SessionEnv, Suite, inbound, publish_inbound, replies_to
@@ -315,6 +317,11 @@ async def test_entities_participants_and_relationships_are_listed(admin: Admin) 
     assert {(p.role, p.role_source) for p in people.participants if p.names[0] in ("Carol", "Dave")} == {
         ("MEMBER", "connector")
     }
+    # The same over NATS, as the operator (the only identity the runtime's RPCs are open to).
+    over_nats = await RuntimeClient(RpcClient(admin.bus), timeout=15).ListParticipants(
+        runtime_pb2.ListParticipantsRequest(agent_id=str(STEWARD), room_id=room)
+    )
+    assert {p.entity_id for p in over_nats.participants} == {p.entity_id for p in people.participants}
     c, d = (ids.entity_id(STEWARD, "e2e", who) for who in ("carol", "dave"))
     with psycopg.connect(admin.suite.env.database_url, autocommit=True) as conn:
         conn.execute(
