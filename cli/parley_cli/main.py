@@ -19,6 +19,7 @@ from parley_platform.errors import InvalidArgument, ParleyError
 
 from . import (
     actions_commands,
+    admin_commands,
     authz_commands,
     autonomy_commands,
     client,
@@ -56,6 +57,7 @@ for module_app in (
     models_commands.app,
     pairing_commands.app,
     scheduler_commands.app,
+    *admin_commands.APPS,
 ):
     app.add_typer(module_app)
 
@@ -278,18 +280,6 @@ async def turns(
     common.table(
         ["RECEIVED", "ID", "STATE", "REASON", "ORIGIN"],
         [[common.when(t.received_at), t.id, t.state, t.reason, t.origin] for t in reply.turns],
-        common.next_offset(reply.page),
-    )
-
-
-@command(app)
-async def rooms(agent: Agent = "default", limit: Limit = 50, offset: Offset = 0) -> None:
-    """An agent's rooms: where it talks, on which connector and channel."""
-    page = common_pb2.PageRequest(limit=limit, offset=offset)
-    reply = await client.runtime("ListRooms", runtime_pb2.ListRoomsRequest(agent_id=agent, page=page))
-    common.table(
-        ["ID", "SOURCE", "TYPE", "CHANNEL"],
-        [[r.id, r.source, runtime_pb2.RoomType.Name(r.type), r.channel_id] for r in reply.rooms],
         common.next_offset(reply.page),
     )
 

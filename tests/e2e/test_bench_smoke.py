@@ -42,6 +42,11 @@ RUNS: dict[str, tuple[list[str], set[str], set[str]]] = {
         {"ratio_autonomous_to_message_turn", "ratio_tick_to_message_turn"},
         {"message_turn", "autonomous_turn", "tick"},
     ),
+    "capabilities.py": (
+        ["--runs", "10", "--in-flight", "4", "--racers", "4"],
+        {"ratio_to_floor", "floor_authorized_p50_ms", "race_runs_per_approval_max"},
+        {"authorized_sequential", "authorized_concurrent"},
+    ),
     "chat_connectors.py": (
         ["--turns", "5"],
         {"telegram_p50_ratio_to_kit", "telegram_p50_ms", "kit_p50_ms"},

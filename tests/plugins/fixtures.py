@@ -12,6 +12,7 @@ from parley_runtime.sdk import (
     Action,
     ActionResult,
     Callback,
+    Capability,
     Content,
     Parameter,
     Plugin,
@@ -57,6 +58,22 @@ async def _forecast(ctx: TurnContext, params: dict[str, Any], callback: Callback
     return ActionResult(True, values={"city": params["city"]})
 
 
+async def _attach(ctx: TurnContext, params: dict[str, Any], callback: Callback) -> ActionResult:
+    report = {
+        "id": "r1",
+        "url": "https://example.com/report.pdf",
+        "title": "Report",
+        "contentType": "application/pdf",
+    }
+    await callback(Content(text="Here is the report.", actions=("ATTACH_OP",), attachments=(report,)))
+    return ActionResult(True)
+
+
+async def _pay(ctx: TurnContext, params: dict[str, Any], callback: Callback) -> ActionResult:
+    _log(f"PAY_OP {params['invoice']}")
+    return ActionResult(True, text=f"paid {params['invoice']}")
+
+
 async def _secret_word(ctx: TurnContext) -> ProviderResult:
     return ProviderResult("# Secret\nthe secret word is kiwi")
 
@@ -80,6 +97,22 @@ fixtures_plugin = Plugin(
         ),
         Action("FLAKY_OP", "always raises", _flaky, tags=frozenset({Tag.IDEMPOTENT})),
         Action("SLOW_EFFECT", "a non-idempotent effect that takes a while", _slow_effect),
+        Action("ATTACH_OP", "attaches a report to the reply", _attach, tags=frozenset({Tag.IDEMPOTENT})),
+        Action(
+            "PAY_OP",
+            "pays an invoice through the agent's payments account",
+            _pay,
+            capability=Capability("payments.transfer", "create", "R3"),
+            parameters=(Parameter("invoice", "the invoice id", required=True, schema={"type": "string"}),),
+        ),
+        Action(
+            "PAY_CONFIRMED",
+            "pays an invoice once a person confirms",
+            _pay,
+            tags=frozenset({Tag.CONFIRM}),
+            capability=Capability("payments.transfer", "create", "R3"),
+            parameters=(Parameter("invoice", "the invoice id", required=True, schema={"type": "string"}),),
+        ),
         Action(
             "FORECAST",
             "the weather forecast for a city",

@@ -17,10 +17,11 @@ from parley_platform.convert import timestamp, uuid_of
 from parley_platform.paging import cut, page_of
 
 from . import errors
+from .admin_api import AdminApi
+from .admin_store import AdminStore
 from .agents.directory import AgentDirectory, AgentInfo
 from .autonomy.service import Autonomy
 from .character import parse_character
-from .names import ROOM_TYPE_VALUES
 from .records import TurnRecord
 from .store import RuntimeStore
 
@@ -52,7 +53,7 @@ class ReplyWaiters:
             queue.put_nowait(outbound)
 
 
-class RuntimeApi:
+class RuntimeApi(AdminApi):
     def __init__(
         self,
         *,
@@ -65,6 +66,7 @@ class RuntimeApi:
     ) -> None:
         self.autonomy = autonomy
         self.store = store
+        self.admin = AdminStore(store.db)
         self.bus = bus
         self.directory = directory
         self.waiters = waiters
@@ -199,24 +201,6 @@ class RuntimeApi:
             for a in stored
         ]
         return runtime_pb2.ListAgentsResponse(agents=agents, page=page_response)
-
-    async def ListRooms(self, request: runtime_pb2.ListRoomsRequest) -> runtime_pb2.ListRoomsResponse:
-        agent = await self.find_agent(request.agent_id)
-        page = page_of(request.page if request.HasField("page") else None)
-        found, page_response = cut(page, await self.store.list_rooms(agent.id, page.fetch, page.offset))
-        rooms = [
-            runtime_pb2.Room(
-                id=str(r.id),
-                agent_id=str(agent.id),
-                source=r.source,
-                channel_id=r.channel_id,
-                type=ROOM_TYPE_VALUES.get(r.type, 0),  # type: ignore[arg-type]
-                world_id=r.world_external_id or "",
-                created_at=timestamp(r.created_at),
-            )
-            for r in found
-        ]
-        return runtime_pb2.ListRoomsResponse(rooms=rooms, page=page_response)
 
     async def ListMemories(
         self, request: runtime_pb2.ListMemoriesRequest

@@ -98,6 +98,33 @@ INVALID_LIMIT = define("INVALID_LIMIT", Kind.INVALID_ARGUMENT, "A search limit i
 QUERY_REQUIRED = define("QUERY_REQUIRED", Kind.INVALID_ARGUMENT, "A search was sent without a query.")
 TURN_NOT_FOUND = define("TURN_NOT_FOUND", Kind.NOT_FOUND, "The agent has no turn with this id.")
 ROOM_NOT_FOUND = define("ROOM_NOT_FOUND", Kind.NOT_FOUND, "The agent has no room with this id.")
+WORLD_NOT_FOUND = define("WORLD_NOT_FOUND", Kind.NOT_FOUND, "The agent has no world with this id.")
+PARTICIPANT_NOT_FOUND = define(
+    "PARTICIPANT_NOT_FOUND",
+    Kind.NOT_FOUND,
+    "SetParticipantRole named a room or an entity the agent does not have.",
+    hint="list them with `parley rooms list --agent A` and `parley entities list --agent A`",
+)
+INVALID_ROLE = define(
+    "INVALID_ROLE", Kind.INVALID_ARGUMENT, "A role is not one of OWNER, ADMIN, MEMBER, GUEST or NONE."
+)
+MUTE_TARGET_INVALID = define(
+    "MUTE_TARGET_INVALID",
+    Kind.INVALID_ARGUMENT,
+    "SetMute must name exactly one of room_id and world_id.",
+)
+MUTE_TIME_INVALID = define(
+    "MUTE_TIME_INVALID",
+    Kind.INVALID_ARGUMENT,
+    "A mute's time is wrong: until in the past, a duration not above zero or over a year, both given, "
+    "or a time given to an unmute.",
+)
+CAPABILITY_NOT_CONFIGURED = define(
+    "CAPABILITY_NOT_CONFIGURED",
+    Kind.FAILED_PRECONDITION,
+    "An action that needs a capability authorization has no account or snapshot configured for the agent.",
+    hint="set the settings the message names in the character (see docs/plugins.md, capabilities)",
+)
 
 # Custom actions
 CUSTOM_ACTION_INVALID = define(

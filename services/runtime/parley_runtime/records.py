@@ -111,6 +111,7 @@ class Ingested:
     world_metadata: dict[str, Any] | None
     sender_role: str | None
     replies_to_agent: bool
+    sender_role_source: str | None = None  # connector or operator (SetParticipantRole)
 
     @classmethod
     def from_row(cls, row: Row) -> Ingested:
@@ -126,6 +127,7 @@ class Ingested:
             world_metadata=row["world_metadata"],
             sender_role=row["sender_role"],
             replies_to_agent=bool(row["replies_to_agent"]),
+            sender_role_source=row.get("sender_role_source"),
         )
 
     @property
@@ -183,27 +185,6 @@ class Memory:
             row["content"] or {},
             row["source"],
             row["in_reply_to"],
-            row["created_at"],
-        )
-
-
-@dataclass(frozen=True)
-class Room:
-    id: uuid.UUID
-    source: str
-    channel_id: str
-    type: str
-    world_external_id: str | None
-    created_at: datetime
-
-    @classmethod
-    def from_row(cls, row: Row) -> Room:
-        return cls(
-            row["id"],
-            row["source"],
-            row["channel_id"],
-            row["type"],
-            row["world_external_id"],
             row["created_at"],
         )
 

@@ -22,7 +22,6 @@ from .records import (
     Memory,
     MemoryMatch,
     NewMessage,
-    Room,
     Row,
     StoredAgent,
     StoredReply,
@@ -288,12 +287,6 @@ class RuntimeStore:
             Q["has_memories"], {"agent_id": agent_id, "kind": kind}, what="has memories"
         )
         return bool(row and row["found"])
-
-    async def list_rooms(self, agent_id: uuid.UUID, limit: int, offset: int) -> list[Room]:
-        rows = await self.db.fetchall(
-            Q["list_rooms"], {"agent_id": agent_id, "limit": limit, "offset": offset}, what="list rooms"
-        )
-        return [Room.from_row(r) for r in rows]
 
     async def list_memories(
         self, agent_id: uuid.UUID, kind: str, room_id: uuid.UUID | None, limit: int, offset: int

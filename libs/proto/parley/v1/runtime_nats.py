@@ -70,3 +70,33 @@ class RuntimeClient(NatsClient):
         self, request: runtime_pb2.CancelTurnRequest, *, timeout: float | None = None
     ) -> runtime_pb2.CancelTurnResponse:
         return await self._call("CancelTurn", request, runtime_pb2.CancelTurnResponse, timeout)
+
+    async def ListWorlds(
+        self, request: runtime_pb2.ListWorldsRequest, *, timeout: float | None = None
+    ) -> runtime_pb2.ListWorldsResponse:
+        return await self._call("ListWorlds", request, runtime_pb2.ListWorldsResponse, timeout)
+
+    async def ListEntities(
+        self, request: runtime_pb2.ListEntitiesRequest, *, timeout: float | None = None
+    ) -> runtime_pb2.ListEntitiesResponse:
+        return await self._call("ListEntities", request, runtime_pb2.ListEntitiesResponse, timeout)
+
+    async def ListParticipants(
+        self, request: runtime_pb2.ListParticipantsRequest, *, timeout: float | None = None
+    ) -> runtime_pb2.ListParticipantsResponse:
+        return await self._call("ListParticipants", request, runtime_pb2.ListParticipantsResponse, timeout)
+
+    async def ListRelationships(
+        self, request: runtime_pb2.ListRelationshipsRequest, *, timeout: float | None = None
+    ) -> runtime_pb2.ListRelationshipsResponse:
+        return await self._call("ListRelationships", request, runtime_pb2.ListRelationshipsResponse, timeout)
+
+    async def SetParticipantRole(
+        self, request: runtime_pb2.SetParticipantRoleRequest, *, timeout: float | None = None
+    ) -> runtime_pb2.RoomParticipant:
+        return await self._call("SetParticipantRole", request, runtime_pb2.RoomParticipant, timeout)
+
+    async def SetMute(
+        self, request: runtime_pb2.SetMuteRequest, *, timeout: float | None = None
+    ) -> runtime_pb2.MuteState:
+        return await self._call("SetMute", request, runtime_pb2.MuteState, timeout)

@@ -193,6 +193,7 @@ class OutboundMessage(_message.Message):
     THOUGHT_FIELD_NUMBER: _builtins.int
     ROOM_ID_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
+    ATTACHMENTS_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     source: _builtins.str
     response_id: _builtins.str
@@ -207,6 +208,10 @@ class OutboundMessage(_message.Message):
     def actions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def attachments(self) -> _containers.RepeatedCompositeFieldContainer[Global___Attachment]:
+        """what the reply's actions attached (files, images, links)"""
+
     def __init__(
         self,
         *,
@@ -220,10 +225,11 @@ class OutboundMessage(_message.Message):
         thought: _builtins.str = ...,
         room_id: _builtins.str = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
+        attachments: _abc.Iterable[Global___Attachment] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "agent_id", b"agent_id", "channel_id", b"channel_id", "created_at", b"created_at", "in_reply_to", b"in_reply_to", "response_id", b"response_id", "room_id", b"room_id", "source", b"source", "text", b"text", "thought", b"thought"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "agent_id", b"agent_id", "attachments", b"attachments", "channel_id", b"channel_id", "created_at", b"created_at", "in_reply_to", b"in_reply_to", "response_id", b"response_id", "room_id", b"room_id", "source", b"source", "text", b"text", "thought", b"thought"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -452,14 +458,26 @@ class Room(_message.Message):
     TYPE_FIELD_NUMBER: _builtins.int
     WORLD_ID_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
+    MUTED_FIELD_NUMBER: _builtins.int
+    MUTE_UNTIL_FIELD_NUMBER: _builtins.int
+    WORLD_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     agent_id: _builtins.str
     source: _builtins.str
     channel_id: _builtins.str
     type: Global___RoomType.ValueType
     world_id: _builtins.str
+    """the connector's id for the world"""
+    muted: _builtins.bool
+    """ListRooms: the agent's state in the room (muted, and until when; no time: until unmuted)."""
+    world: _builtins.str
+    """Parley's id of the room's world, if any"""
+    name: _builtins.str
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def mute_until(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
@@ -470,10 +488,14 @@ class Room(_message.Message):
         type: Global___RoomType.ValueType = ...,
         world_id: _builtins.str = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
+        muted: _builtins.bool = ...,
+        mute_until: _timestamp_pb2.Timestamp | None = ...,
+        world: _builtins.str = ...,
+        name: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "mute_until", b"mute_until"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "channel_id", b"channel_id", "created_at", b"created_at", "id", b"id", "source", b"source", "type", b"type", "world_id", b"world_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "channel_id", b"channel_id", "created_at", b"created_at", "id", b"id", "mute_until", b"mute_until", "muted", b"muted", "name", b"name", "source", b"source", "type", b"type", "world", b"world", "world_id", b"world_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -650,7 +672,10 @@ class ListRoomsRequest(_message.Message):
 
     AGENT_ID_FIELD_NUMBER: _builtins.int
     PAGE_FIELD_NUMBER: _builtins.int
+    WORLD_ID_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
+    world_id: _builtins.str
+    """optional filter: Parley's id of a world"""
     @_builtins.property
     def page(self) -> _common_pb2.PageRequest: ...
     def __init__(
@@ -658,10 +683,11 @@ class ListRoomsRequest(_message.Message):
         *,
         agent_id: _builtins.str = ...,
         page: _common_pb2.PageRequest | None = ...,
+        world_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "page", b"page"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "page", b"page", "world_id", b"world_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1102,3 +1128,522 @@ class AutonomyStatus(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AutonomyStatus: _TypeAlias = AutonomyStatus  # noqa: Y015
+
+@_typing.final
+class World(_message.Message):
+    """--- operator administration ---------------------------------------------------------------"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class RolesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ID_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    EXTERNAL_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ROOMS_FIELD_NUMBER: _builtins.int
+    MUTED_FIELD_NUMBER: _builtins.int
+    MUTE_UNTIL_FIELD_NUMBER: _builtins.int
+    ROLES_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    agent_id: _builtins.str
+    source: _builtins.str
+    external_id: _builtins.str
+    """the connector's id for the server/guild"""
+    name: _builtins.str
+    rooms: _builtins.int
+    muted: _builtins.bool
+    """the agent's mute of the whole world"""
+    @_builtins.property
+    def mute_until(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def roles(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """entity id -> role, the world's roles (metadata.roles)"""
+
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        agent_id: _builtins.str = ...,
+        source: _builtins.str = ...,
+        external_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        rooms: _builtins.int = ...,
+        muted: _builtins.bool = ...,
+        mute_until: _timestamp_pb2.Timestamp | None = ...,
+        roles: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "mute_until", b"mute_until"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "created_at", b"created_at", "external_id", b"external_id", "id", b"id", "mute_until", b"mute_until", "muted", b"muted", "name", b"name", "roles", b"roles", "rooms", b"rooms", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___World: _TypeAlias = World  # noqa: Y015
+
+@_typing.final
+class ListWorldsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    PAGE_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    """id or name"""
+    @_builtins.property
+    def page(self) -> _common_pb2.PageRequest: ...
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        page: _common_pb2.PageRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "page", b"page"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorldsRequest: _TypeAlias = ListWorldsRequest  # noqa: Y015
+
+@_typing.final
+class ListWorldsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORLDS_FIELD_NUMBER: _builtins.int
+    PAGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def worlds(self) -> _containers.RepeatedCompositeFieldContainer[Global___World]: ...
+    @_builtins.property
+    def page(self) -> _common_pb2.PageResponse: ...
+    def __init__(
+        self,
+        *,
+        worlds: _abc.Iterable[Global___World] | None = ...,
+        page: _common_pb2.PageResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page", b"page", "worlds", b"worlds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorldsResponse: _TypeAlias = ListWorldsResponse  # noqa: Y015
+
+@_typing.final
+class Entity(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    NAMES_FIELD_NUMBER: _builtins.int
+    METADATA_JSON_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    agent_id: _builtins.str
+    metadata_json: _builtins.str
+    """{source: {id, name, userName}}"""
+    @_builtins.property
+    def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        agent_id: _builtins.str = ...,
+        names: _abc.Iterable[_builtins.str] | None = ...,
+        metadata_json: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "created_at", b"created_at", "id", b"id", "metadata_json", b"metadata_json", "names", b"names"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Entity: _TypeAlias = Entity  # noqa: Y015
+
+@_typing.final
+class ListEntitiesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    ROOM_ID_FIELD_NUMBER: _builtins.int
+    PAGE_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    room_id: _builtins.str
+    """optional: only the room's participants"""
+    @_builtins.property
+    def page(self) -> _common_pb2.PageRequest: ...
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        room_id: _builtins.str = ...,
+        page: _common_pb2.PageRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "page", b"page", "room_id", b"room_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListEntitiesRequest: _TypeAlias = ListEntitiesRequest  # noqa: Y015
+
+@_typing.final
+class ListEntitiesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTITIES_FIELD_NUMBER: _builtins.int
+    PAGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def entities(self) -> _containers.RepeatedCompositeFieldContainer[Global___Entity]: ...
+    @_builtins.property
+    def page(self) -> _common_pb2.PageResponse: ...
+    def __init__(
+        self,
+        *,
+        entities: _abc.Iterable[Global___Entity] | None = ...,
+        page: _common_pb2.PageResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entities", b"entities", "page", b"page"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListEntitiesResponse: _TypeAlias = ListEntitiesResponse  # noqa: Y015
+
+@_typing.final
+class RoomParticipant(_message.Message):
+    """An entity's membership of a room: its role there and who set it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROOM_ID_FIELD_NUMBER: _builtins.int
+    ENTITY_ID_FIELD_NUMBER: _builtins.int
+    NAMES_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    ROLE_SOURCE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    MUTE_UNTIL_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    room_id: _builtins.str
+    entity_id: _builtins.str
+    role: _builtins.str
+    """OWNER, ADMIN, MEMBER, GUEST or NONE"""
+    role_source: _builtins.str
+    """connector (a claim, capped by CONNECTOR_ROLE_CEILING) or operator"""
+    state: _builtins.str
+    """FOLLOWED, MUTED or empty"""
+    @_builtins.property
+    def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def mute_until(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        room_id: _builtins.str = ...,
+        entity_id: _builtins.str = ...,
+        names: _abc.Iterable[_builtins.str] | None = ...,
+        role: _builtins.str = ...,
+        role_source: _builtins.str = ...,
+        state: _builtins.str = ...,
+        mute_until: _timestamp_pb2.Timestamp | None = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "mute_until", b"mute_until"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "entity_id", b"entity_id", "mute_until", b"mute_until", "names", b"names", "role", b"role", "role_source", b"role_source", "room_id", b"room_id", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RoomParticipant: _TypeAlias = RoomParticipant  # noqa: Y015
+
+@_typing.final
+class ListParticipantsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    ROOM_ID_FIELD_NUMBER: _builtins.int
+    ENTITY_ID_FIELD_NUMBER: _builtins.int
+    PAGE_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    room_id: _builtins.str
+    """optional filter"""
+    entity_id: _builtins.str
+    """optional filter"""
+    @_builtins.property
+    def page(self) -> _common_pb2.PageRequest: ...
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        room_id: _builtins.str = ...,
+        entity_id: _builtins.str = ...,
+        page: _common_pb2.PageRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "entity_id", b"entity_id", "page", b"page", "room_id", b"room_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListParticipantsRequest: _TypeAlias = ListParticipantsRequest  # noqa: Y015
+
+@_typing.final
+class ListParticipantsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTICIPANTS_FIELD_NUMBER: _builtins.int
+    PAGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def participants(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoomParticipant]: ...
+    @_builtins.property
+    def page(self) -> _common_pb2.PageResponse: ...
+    def __init__(
+        self,
+        *,
+        participants: _abc.Iterable[Global___RoomParticipant] | None = ...,
+        page: _common_pb2.PageResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page", b"page", "participants", b"participants"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListParticipantsResponse: _TypeAlias = ListParticipantsResponse  # noqa: Y015
+
+@_typing.final
+class Relationship(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    SOURCE_ENTITY_ID_FIELD_NUMBER: _builtins.int
+    TARGET_ENTITY_ID_FIELD_NUMBER: _builtins.int
+    TAGS_FIELD_NUMBER: _builtins.int
+    METADATA_JSON_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    agent_id: _builtins.str
+    source_entity_id: _builtins.str
+    target_entity_id: _builtins.str
+    metadata_json: _builtins.str
+    @_builtins.property
+    def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        agent_id: _builtins.str = ...,
+        source_entity_id: _builtins.str = ...,
+        target_entity_id: _builtins.str = ...,
+        tags: _abc.Iterable[_builtins.str] | None = ...,
+        metadata_json: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "updated_at", b"updated_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "created_at", b"created_at", "id", b"id", "metadata_json", b"metadata_json", "source_entity_id", b"source_entity_id", "tags", b"tags", "target_entity_id", b"target_entity_id", "updated_at", b"updated_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Relationship: _TypeAlias = Relationship  # noqa: Y015
+
+@_typing.final
+class ListRelationshipsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    ENTITY_ID_FIELD_NUMBER: _builtins.int
+    TAG_FIELD_NUMBER: _builtins.int
+    PAGE_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    entity_id: _builtins.str
+    """optional: relationships where it is the source or the target"""
+    tag: _builtins.str
+    """optional filter"""
+    @_builtins.property
+    def page(self) -> _common_pb2.PageRequest: ...
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        entity_id: _builtins.str = ...,
+        tag: _builtins.str = ...,
+        page: _common_pb2.PageRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "entity_id", b"entity_id", "page", b"page", "tag", b"tag"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRelationshipsRequest: _TypeAlias = ListRelationshipsRequest  # noqa: Y015
+
+@_typing.final
+class ListRelationshipsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELATIONSHIPS_FIELD_NUMBER: _builtins.int
+    PAGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def relationships(self) -> _containers.RepeatedCompositeFieldContainer[Global___Relationship]: ...
+    @_builtins.property
+    def page(self) -> _common_pb2.PageResponse: ...
+    def __init__(
+        self,
+        *,
+        relationships: _abc.Iterable[Global___Relationship] | None = ...,
+        page: _common_pb2.PageResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page", b"page", "relationships", b"relationships"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRelationshipsResponse: _TypeAlias = ListRelationshipsResponse  # noqa: Y015
+
+@_typing.final
+class SetParticipantRoleRequest(_message.Message):
+    """The operator sets an entity's role in a room. The next turn's role gate reads it, and a
+    connector's claimed metadata.sender_role never changes it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    ROOM_ID_FIELD_NUMBER: _builtins.int
+    ENTITY_ID_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    room_id: _builtins.str
+    entity_id: _builtins.str
+    role: _builtins.str
+    """OWNER, ADMIN, MEMBER, GUEST or NONE (any case)"""
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        room_id: _builtins.str = ...,
+        entity_id: _builtins.str = ...,
+        role: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "entity_id", b"entity_id", "role", b"role", "room_id", b"room_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetParticipantRoleRequest: _TypeAlias = SetParticipantRoleRequest  # noqa: Y015
+
+@_typing.final
+class SetMuteRequest(_message.Message):
+    """Mute or unmute the agent in a room or a whole world: a muted agent reads and remembers but does
+    not answer. Name exactly one of room_id and world_id; a mute lasts for good, until a time, or
+    for a duration.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    ROOM_ID_FIELD_NUMBER: _builtins.int
+    WORLD_ID_FIELD_NUMBER: _builtins.int
+    MUTED_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
+    DURATION_SECONDS_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    room_id: _builtins.str
+    world_id: _builtins.str
+    muted: _builtins.bool
+    duration_seconds: _builtins.float
+    """optional, > 0; not with until"""
+    @_builtins.property
+    def until(self) -> _timestamp_pb2.Timestamp:
+        """optional, in the future"""
+
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        room_id: _builtins.str = ...,
+        world_id: _builtins.str = ...,
+        muted: _builtins.bool = ...,
+        until: _timestamp_pb2.Timestamp | None = ...,
+        duration_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["until", b"until"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "duration_seconds", b"duration_seconds", "muted", b"muted", "room_id", b"room_id", "until", b"until", "world_id", b"world_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetMuteRequest: _TypeAlias = SetMuteRequest  # noqa: Y015
+
+@_typing.final
+class MuteState(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    ROOM_ID_FIELD_NUMBER: _builtins.int
+    WORLD_ID_FIELD_NUMBER: _builtins.int
+    MUTED_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    room_id: _builtins.str
+    world_id: _builtins.str
+    muted: _builtins.bool
+    @_builtins.property
+    def until(self) -> _timestamp_pb2.Timestamp:
+        """unset: until unmuted"""
+
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        room_id: _builtins.str = ...,
+        world_id: _builtins.str = ...,
+        muted: _builtins.bool = ...,
+        until: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["until", b"until"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "muted", b"muted", "room_id", b"room_id", "until", b"until", "world_id", b"world_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MuteState: _TypeAlias = MuteState  # noqa: Y015

@@ -94,6 +94,36 @@ class RuntimeStub:
                 request_serializer=parley_dot_v1_dot_runtime__pb2.CancelTurnRequest.SerializeToString,
                 response_deserializer=parley_dot_v1_dot_runtime__pb2.CancelTurnResponse.FromString,
                 _registered_method=True)
+        self.ListWorlds = channel.unary_unary(
+                '/parley.v1.Runtime/ListWorlds',
+                request_serializer=parley_dot_v1_dot_runtime__pb2.ListWorldsRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_runtime__pb2.ListWorldsResponse.FromString,
+                _registered_method=True)
+        self.ListEntities = channel.unary_unary(
+                '/parley.v1.Runtime/ListEntities',
+                request_serializer=parley_dot_v1_dot_runtime__pb2.ListEntitiesRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_runtime__pb2.ListEntitiesResponse.FromString,
+                _registered_method=True)
+        self.ListParticipants = channel.unary_unary(
+                '/parley.v1.Runtime/ListParticipants',
+                request_serializer=parley_dot_v1_dot_runtime__pb2.ListParticipantsRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_runtime__pb2.ListParticipantsResponse.FromString,
+                _registered_method=True)
+        self.ListRelationships = channel.unary_unary(
+                '/parley.v1.Runtime/ListRelationships',
+                request_serializer=parley_dot_v1_dot_runtime__pb2.ListRelationshipsRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_runtime__pb2.ListRelationshipsResponse.FromString,
+                _registered_method=True)
+        self.SetParticipantRole = channel.unary_unary(
+                '/parley.v1.Runtime/SetParticipantRole',
+                request_serializer=parley_dot_v1_dot_runtime__pb2.SetParticipantRoleRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_runtime__pb2.RoomParticipant.FromString,
+                _registered_method=True)
+        self.SetMute = channel.unary_unary(
+                '/parley.v1.Runtime/SetMute',
+                request_serializer=parley_dot_v1_dot_runtime__pb2.SetMuteRequest.SerializeToString,
+                response_deserializer=parley_dot_v1_dot_runtime__pb2.MuteState.FromString,
+                _registered_method=True)
 
 
 class RuntimeServicer:
@@ -172,6 +202,42 @@ class RuntimeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListWorlds(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListEntities(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListParticipants(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRelationships(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetParticipantRole(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetMute(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RuntimeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -234,6 +300,36 @@ def add_RuntimeServicer_to_server(servicer, server):
                     servicer.CancelTurn,
                     request_deserializer=parley_dot_v1_dot_runtime__pb2.CancelTurnRequest.FromString,
                     response_serializer=parley_dot_v1_dot_runtime__pb2.CancelTurnResponse.SerializeToString,
+            ),
+            'ListWorlds': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorlds,
+                    request_deserializer=parley_dot_v1_dot_runtime__pb2.ListWorldsRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_runtime__pb2.ListWorldsResponse.SerializeToString,
+            ),
+            'ListEntities': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEntities,
+                    request_deserializer=parley_dot_v1_dot_runtime__pb2.ListEntitiesRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_runtime__pb2.ListEntitiesResponse.SerializeToString,
+            ),
+            'ListParticipants': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListParticipants,
+                    request_deserializer=parley_dot_v1_dot_runtime__pb2.ListParticipantsRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_runtime__pb2.ListParticipantsResponse.SerializeToString,
+            ),
+            'ListRelationships': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRelationships,
+                    request_deserializer=parley_dot_v1_dot_runtime__pb2.ListRelationshipsRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_runtime__pb2.ListRelationshipsResponse.SerializeToString,
+            ),
+            'SetParticipantRole': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetParticipantRole,
+                    request_deserializer=parley_dot_v1_dot_runtime__pb2.SetParticipantRoleRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_runtime__pb2.RoomParticipant.SerializeToString,
+            ),
+            'SetMute': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetMute,
+                    request_deserializer=parley_dot_v1_dot_runtime__pb2.SetMuteRequest.FromString,
+                    response_serializer=parley_dot_v1_dot_runtime__pb2.MuteState.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -560,6 +656,168 @@ class Runtime:
             '/parley.v1.Runtime/CancelTurn',
             parley_dot_v1_dot_runtime__pb2.CancelTurnRequest.SerializeToString,
             parley_dot_v1_dot_runtime__pb2.CancelTurnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorlds(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.Runtime/ListWorlds',
+            parley_dot_v1_dot_runtime__pb2.ListWorldsRequest.SerializeToString,
+            parley_dot_v1_dot_runtime__pb2.ListWorldsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEntities(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.Runtime/ListEntities',
+            parley_dot_v1_dot_runtime__pb2.ListEntitiesRequest.SerializeToString,
+            parley_dot_v1_dot_runtime__pb2.ListEntitiesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListParticipants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.Runtime/ListParticipants',
+            parley_dot_v1_dot_runtime__pb2.ListParticipantsRequest.SerializeToString,
+            parley_dot_v1_dot_runtime__pb2.ListParticipantsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRelationships(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.Runtime/ListRelationships',
+            parley_dot_v1_dot_runtime__pb2.ListRelationshipsRequest.SerializeToString,
+            parley_dot_v1_dot_runtime__pb2.ListRelationshipsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetParticipantRole(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.Runtime/SetParticipantRole',
+            parley_dot_v1_dot_runtime__pb2.SetParticipantRoleRequest.SerializeToString,
+            parley_dot_v1_dot_runtime__pb2.RoomParticipant.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetMute(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/parley.v1.Runtime/SetMute',
+            parley_dot_v1_dot_runtime__pb2.SetMuteRequest.SerializeToString,
+            parley_dot_v1_dot_runtime__pb2.MuteState.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,6 +44,12 @@ class RuntimeStub:
     GetAutonomy: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.GetAutonomyRequest, _runtime_pb2.AutonomyStatus]
     CancelTurn: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.CancelTurnRequest, _runtime_pb2.CancelTurnResponse]
     """Stop a running turn: its generation is cancelled, it ends as cancelled, no reply is sent."""
+    ListWorlds: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.ListWorldsRequest, _runtime_pb2.ListWorldsResponse]
+    ListEntities: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.ListEntitiesRequest, _runtime_pb2.ListEntitiesResponse]
+    ListParticipants: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.ListParticipantsRequest, _runtime_pb2.ListParticipantsResponse]
+    ListRelationships: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.ListRelationshipsRequest, _runtime_pb2.ListRelationshipsResponse]
+    SetParticipantRole: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.SetParticipantRoleRequest, _runtime_pb2.RoomParticipant]
+    SetMute: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.SetMuteRequest, _runtime_pb2.MuteState]
 
 @_typing.type_check_only
 class RuntimeAsyncStub(RuntimeStub):
@@ -61,6 +67,12 @@ class RuntimeAsyncStub(RuntimeStub):
     GetAutonomy: _aio.UnaryUnaryMultiCallable[_runtime_pb2.GetAutonomyRequest, _runtime_pb2.AutonomyStatus]  # type: ignore[assignment]
     CancelTurn: _aio.UnaryUnaryMultiCallable[_runtime_pb2.CancelTurnRequest, _runtime_pb2.CancelTurnResponse]  # type: ignore[assignment]
     """Stop a running turn: its generation is cancelled, it ends as cancelled, no reply is sent."""
+    ListWorlds: _aio.UnaryUnaryMultiCallable[_runtime_pb2.ListWorldsRequest, _runtime_pb2.ListWorldsResponse]  # type: ignore[assignment]
+    ListEntities: _aio.UnaryUnaryMultiCallable[_runtime_pb2.ListEntitiesRequest, _runtime_pb2.ListEntitiesResponse]  # type: ignore[assignment]
+    ListParticipants: _aio.UnaryUnaryMultiCallable[_runtime_pb2.ListParticipantsRequest, _runtime_pb2.ListParticipantsResponse]  # type: ignore[assignment]
+    ListRelationships: _aio.UnaryUnaryMultiCallable[_runtime_pb2.ListRelationshipsRequest, _runtime_pb2.ListRelationshipsResponse]  # type: ignore[assignment]
+    SetParticipantRole: _aio.UnaryUnaryMultiCallable[_runtime_pb2.SetParticipantRoleRequest, _runtime_pb2.RoomParticipant]  # type: ignore[assignment]
+    SetMute: _aio.UnaryUnaryMultiCallable[_runtime_pb2.SetMuteRequest, _runtime_pb2.MuteState]  # type: ignore[assignment]
 
 class RuntimeServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -147,5 +159,47 @@ class RuntimeServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_pb2.CancelTurnResponse, _abc.Awaitable[_runtime_pb2.CancelTurnResponse]]:
         """Stop a running turn: its generation is cancelled, it ends as cancelled, no reply is sent."""
+
+    @_abc_1.abstractmethod
+    def ListWorlds(
+        self,
+        request: _runtime_pb2.ListWorldsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_pb2.ListWorldsResponse, _abc.Awaitable[_runtime_pb2.ListWorldsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListEntities(
+        self,
+        request: _runtime_pb2.ListEntitiesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_pb2.ListEntitiesResponse, _abc.Awaitable[_runtime_pb2.ListEntitiesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListParticipants(
+        self,
+        request: _runtime_pb2.ListParticipantsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_pb2.ListParticipantsResponse, _abc.Awaitable[_runtime_pb2.ListParticipantsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListRelationships(
+        self,
+        request: _runtime_pb2.ListRelationshipsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_pb2.ListRelationshipsResponse, _abc.Awaitable[_runtime_pb2.ListRelationshipsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SetParticipantRole(
+        self,
+        request: _runtime_pb2.SetParticipantRoleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_pb2.RoomParticipant, _abc.Awaitable[_runtime_pb2.RoomParticipant]]: ...
+
+    @_abc_1.abstractmethod
+    def SetMute(
+        self,
+        request: _runtime_pb2.SetMuteRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_pb2.MuteState, _abc.Awaitable[_runtime_pb2.MuteState]]: ...
 
 def add_RuntimeServicer_to_server(servicer: RuntimeServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

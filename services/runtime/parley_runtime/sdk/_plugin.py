@@ -84,6 +84,18 @@ Validator = Callable[[TurnContext], Awaitable[bool]]
 
 
 @dataclass(frozen=True)
+class Capability:
+    """What an action does through an account (mail.send/create, payments.transfer/create). Such an
+    action runs only after authz's one-shot Authorize succeeds for its exact parameters, against
+    the account snapshot the agent's settings name (``CAPABILITY_<NAME>_ACCOUNT`` and
+    ``CAPABILITY_<NAME>_SNAPSHOT``, NAME upper-cased with ``.`` and ``-`` as ``_``)."""
+
+    name: str  # e.g. mail.send
+    operation: str  # e.g. create
+    risk: str = "R1"  # the catalog risk, R0 (none) .. R3 (irreversible)
+
+
+@dataclass(frozen=True)
 class Action:
     name: str
     description: str
@@ -97,6 +109,7 @@ class Action:
     roles: frozenset[str] | None = None  # participant roles allowed to trigger it; None: anyone
     validate: Validator | None = None
     allow_empty_arrays: frozenset[str] = frozenset()
+    capability: Capability | None = None  # authorized once per run through authz
 
     @property
     def idempotent(self) -> bool:

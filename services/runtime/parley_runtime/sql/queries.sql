@@ -66,6 +66,7 @@ WITH prev AS (
     VALUES (%(agent_id)s, %(room_id)s, %(entity_id)s, coalesce(%(sender_role)s, 'MEMBER'))
     ON CONFLICT (agent_id, room_id, entity_id) DO UPDATE SET role = excluded.role
      WHERE %(sender_role)s::text IS NOT NULL AND participant.role <> excluded.role
+       AND participant.role_source = 'connector'  -- a claim never changes the operator's role
 ), m AS (
     INSERT INTO runtime.memory (agent_id, id, room_id, entity_id, kind, content, source, external_id)
     VALUES (%(agent_id)s, %(memory_id)s, %(room_id)s, %(entity_id)s, 'messages', %(content)s, %(source)s,
@@ -106,6 +107,9 @@ SELECT t.state, t.attempts, t.response_id, (SELECT turn_token FROM r) AS lease_t
        (SELECT sp.role FROM runtime.participant sp
          WHERE t.state = 'running' AND sp.agent_id = %(agent_id)s AND sp.room_id = %(room_id)s
            AND sp.entity_id = %(entity_id)s) AS sender_role,
+       (SELECT sp.role_source FROM runtime.participant sp
+         WHERE t.state = 'running' AND sp.agent_id = %(agent_id)s AND sp.room_id = %(room_id)s
+           AND sp.entity_id = %(entity_id)s) AS sender_role_source,
        (SELECT rm.entity_id = %(agent_id)s FROM runtime.memory rm
          WHERE t.state = 'running' AND rm.agent_id = %(agent_id)s AND rm.id = %(reply_to_id)s) AS replies_to_agent,
        (SELECT coalesce(jsonb_agg(pp ORDER BY pp.role, pp.entity_id), '[]'::jsonb)
@@ -260,14 +264,6 @@ SELECT id, room_id, entity_id, kind, content, source, external_id, in_reply_to, 
 SELECT id, source, channel_id, type, world_id, created_at
   FROM runtime.room
  WHERE agent_id = %(agent_id)s AND id = %(id)s;
-
--- list_rooms --
-SELECT r.id, r.source, r.channel_id, r.type, r.created_at, w.external_id AS world_external_id
-  FROM runtime.room r
-  LEFT JOIN runtime.world w ON w.agent_id = r.agent_id AND w.id = r.world_id
- WHERE r.agent_id = %(agent_id)s
- ORDER BY r.created_at DESC, r.id DESC
- LIMIT %(limit)s OFFSET %(offset)s;
 
 -- list_memories --
 SELECT id, room_id, entity_id, kind, content, source, in_reply_to, created_at
@@ -571,3 +567,77 @@ SELECT EXISTS (
 -- autonomy_counts --
 SELECT count(*) AS turns, max(received_at) AS last_at
   FROM runtime.turn WHERE agent_id = %(agent_id)s AND origin = 'autonomous';
+
+-- --- operator administration (parley rooms|worlds|entities|participants|relationships) --------
+
+-- list_rooms_admin --
+-- Rooms with the agent's own state in each (muted, until when).
+SELECT r.id, r.source, r.channel_id, r.type, r.name, r.created_at, w.external_id AS world_external_id,
+       r.world_id, ap.user_state, ap.mute_until
+  FROM runtime.room r
+  LEFT JOIN runtime.world w ON w.agent_id = r.agent_id AND w.id = r.world_id
+  LEFT JOIN runtime.participant ap ON ap.agent_id = r.agent_id AND ap.room_id = r.id AND ap.entity_id = r.agent_id
+ WHERE r.agent_id = %(agent_id)s AND (%(world_id)s::uuid IS NULL OR r.world_id = %(world_id)s)
+ ORDER BY r.created_at DESC, r.id DESC
+ LIMIT %(limit)s OFFSET %(offset)s;
+
+-- list_worlds --
+SELECT w.id, w.source, w.external_id, w.name, w.metadata, w.created_at,
+       (SELECT count(*) FROM runtime.room r WHERE r.agent_id = w.agent_id AND r.world_id = w.id) AS rooms
+  FROM runtime.world w
+ WHERE w.agent_id = %(agent_id)s
+ ORDER BY w.created_at DESC, w.id DESC
+ LIMIT %(limit)s OFFSET %(offset)s;
+
+-- list_entities --
+SELECT e.id, e.names, e.metadata, e.created_at
+  FROM runtime.entity e
+ WHERE e.agent_id = %(agent_id)s
+   AND (%(room_id)s::uuid IS NULL OR EXISTS (
+        SELECT 1 FROM runtime.participant p
+         WHERE p.agent_id = e.agent_id AND p.room_id = %(room_id)s AND p.entity_id = e.id))
+ ORDER BY e.created_at DESC, e.id DESC
+ LIMIT %(limit)s OFFSET %(offset)s;
+
+-- list_participants --
+SELECT p.room_id, p.entity_id, e.names, p.role, p.role_source, p.user_state, p.mute_until, p.created_at
+  FROM runtime.participant p
+  JOIN runtime.entity e ON e.agent_id = p.agent_id AND e.id = p.entity_id
+ WHERE p.agent_id = %(agent_id)s
+   AND (%(room_id)s::uuid IS NULL OR p.room_id = %(room_id)s)
+   AND (%(entity_id)s::uuid IS NULL OR p.entity_id = %(entity_id)s)
+ ORDER BY p.created_at DESC, p.room_id, p.entity_id
+ LIMIT %(limit)s OFFSET %(offset)s;
+
+-- list_relationships --
+SELECT id, source_entity_id, target_entity_id, tags, metadata, created_at, updated_at
+  FROM runtime.relationship
+ WHERE agent_id = %(agent_id)s
+   AND (%(entity_id)s::uuid IS NULL OR source_entity_id = %(entity_id)s OR target_entity_id = %(entity_id)s)
+   AND (%(tag)s::text IS NULL OR %(tag)s = ANY(tags))
+ ORDER BY updated_at DESC, id DESC
+ LIMIT %(limit)s OFFSET %(offset)s;
+
+-- set_participant_role --
+-- The operator's role for an entity in a room (the entity must exist for this agent; the room too).
+-- From now on the next turn's role gate reads it, and a connector's claim never changes it.
+INSERT INTO runtime.participant (agent_id, room_id, entity_id, role, role_source)
+SELECT %(agent_id)s, r.id, e.id, %(role)s, 'operator'
+  FROM runtime.room r, runtime.entity e
+ WHERE r.agent_id = %(agent_id)s AND r.id = %(room_id)s AND e.agent_id = %(agent_id)s AND e.id = %(entity_id)s
+ON CONFLICT (agent_id, room_id, entity_id) DO UPDATE SET role = excluded.role, role_source = 'operator'
+RETURNING room_id, entity_id, role, role_source, user_state, mute_until, created_at,
+          (SELECT names FROM runtime.entity WHERE agent_id = %(agent_id)s AND id = %(entity_id)s) AS names;
+
+-- room_exists --
+SELECT id FROM runtime.room WHERE agent_id = %(agent_id)s AND id = %(id)s;
+
+-- set_world_mute --
+-- The agent's mute of a whole world (read by the gate with the world's metadata); NULL state unmutes.
+UPDATE runtime.world
+   SET metadata = CASE WHEN %(state)s::text IS NULL THEN metadata - 'agent_mute_state' - 'agent_mute_until'
+                       ELSE metadata || jsonb_build_object('agent_mute_state', %(state)s::text,
+                                                          'agent_mute_until', %(mute_until)s::timestamptz)
+                  END
+ WHERE agent_id = %(agent_id)s AND id = %(world_id)s
+RETURNING id, metadata;

@@ -15,6 +15,7 @@ from ..plugins.catalog import permission_error
 from ..sdk import Action, ActionResult, Callback, Content, TurnContext
 from ..store import RuntimeStore
 from .approvals import needs_confirmation
+from .capabilities import CapabilityGate
 from .ports import Events, Model
 from .prompt import Segment
 from .state import Proposal, Turn, TurnMetrics
@@ -23,17 +24,35 @@ log = get_logger(__name__)
 
 
 async def invoke(
-    agent: AgentInfo, action: Action, ctx: TurnContext, params: Mapping[str, Any], callback: Callback
+    agent: AgentInfo,
+    action: Action,
+    ctx: TurnContext,
+    params: Mapping[str, Any],
+    callback: Callback,
+    *,
+    gate: CapabilityGate | None = None,
+    decision_id: str = "",
 ) -> tuple[ActionResult, str]:
-    """Run a handler: its exception is a failed result (``error``), never a failed turn."""
-    try:
-        result = await action.handler(ctx, dict(params), callback) or ActionResult(True)
-        return result, "success" if result.success else "failed"
-    except Exception as exc:
-        # No traceback: a handler's locals and messages may hold the agent's secrets.
-        error = agent.redactor.redact(f"{type(exc).__name__}: {exc}")
-        log.error("action handler raised", action=action.name, agent_id=str(agent.id), error=error)
-        return ActionResult(False, error=error), "error"
+    """Run a handler: its exception is a failed result (``error``), never a failed turn. An action
+    with a capability runs only once authz authorized this run (``gate``, ``decision_id``)."""
+
+    async def call() -> tuple[ActionResult, str]:
+        try:
+            result = await action.handler(ctx, dict(params), callback) or ActionResult(True)
+            return result, "success" if result.success else "failed"
+        except Exception as exc:
+            # No traceback: a handler's locals and messages may hold the agent's secrets.
+            error = agent.redactor.redact(f"{type(exc).__name__}: {exc}")
+            log.error("action handler raised", action=action.name, agent_id=str(agent.id), error=error)
+            return ActionResult(False, error=error), "error"
+
+    if action.capability is None:
+        return await call()
+    if gate is None or not decision_id:
+        return ActionResult(False, error="CAPABILITY_NOT_CONFIGURED: no capability authorization here"), (
+            "unauthorized"
+        )
+    return await gate.run(agent, action, params, decision_id, call)
 
 
 UNCERTAIN = ActionResult(
@@ -44,7 +63,16 @@ UNCERTAIN = ActionResult(
 
 
 class ActionRunner:
-    def __init__(self, *, store: RuntimeStore, model: Model, events: Events, metrics: TurnMetrics) -> None:
+    def __init__(
+        self,
+        *,
+        store: RuntimeStore,
+        model: Model,
+        events: Events,
+        metrics: TurnMetrics,
+        capabilities: CapabilityGate | None = None,
+    ) -> None:
+        self.capabilities = capabilities
         self.store = store
         self.model = model
         self.events = events
@@ -111,7 +139,15 @@ class ActionRunner:
         async def callback(content: Content) -> None:
             turn.replies.append(content)
 
-        result, outcome = await invoke(agent, action, ctx, resolution.params, callback)
+        result, outcome = await invoke(
+            agent,
+            action,
+            ctx,
+            resolution.params,
+            callback,
+            gate=self.capabilities,
+            decision_id=f"turn:{turn.id}:{index}:{turn.ingested.attempts}",
+        )
         if not action.idempotent:
             await self.store.complete_effect(
                 agent.id, turn.id, index, agent.redactor.redact_obj(result.to_json())

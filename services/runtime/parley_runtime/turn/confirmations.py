@@ -30,6 +30,7 @@ from ..records import ToolCall
 from ..sdk import ActionResult, Content
 from ..store import RuntimeStore
 from .actions import invoke
+from .capabilities import CapabilityGate
 from .inbound import Inbound, Origin
 from .ports import Ports
 from .reply import Reply
@@ -183,7 +184,15 @@ class Confirmations:
 
         events = self.ports.events
         await events.emit(agent, "ACTION_STARTED", proposed.turn_id, proposed.room_id, action=action.name)
-        result, outcome = await invoke(agent, action, ctx, proposed.params, callback)
+        result, outcome = await invoke(
+            agent,
+            action,
+            ctx,
+            proposed.params,
+            callback,
+            gate=CapabilityGate(self.ports.authz),
+            decision_id=f"confirmed:{proposed.id}",
+        )
         self.metrics.actions.labels(action.name, outcome).inc()
         await events.emit(
             agent, "ACTION_COMPLETED", proposed.turn_id, proposed.room_id, action=action.name, outcome=outcome

@@ -18,10 +18,12 @@ from parley_platform.logging import get_logger
 
 from ..agents.directory import AgentDirectory, AgentInfo
 from ..records import NewMessage
+from ..roles import capped_claim, turn_role
 from ..sdk import HistoryLine, Participant
 from ..store import RuntimeStore
 from .actions import ActionRunner
 from .autonomous import autonomous_pipeline
+from .capabilities import CapabilityGate
 from .control import TurnControl
 from .inbound import Inbound, decode_inbound, origin_of, parse_subject
 from .pipeline import Pipeline, Stage
@@ -64,7 +66,13 @@ class TurnProcessor:
         self.settings = settings
         self.background = Background()
         logging = settings.trajectory_logging
-        runner = ActionRunner(store=self.store, model=ports.model, events=ports.events, metrics=metrics)
+        runner = ActionRunner(
+            store=self.store,
+            model=ports.model,
+            events=ports.events,
+            metrics=metrics,
+            capabilities=CapabilityGate(ports.authz),
+        )
         stages: list[Stage] = [
             Gate(self.store, ports.pairing),
             ShouldRespond(self.store, ports.model, trajectory_logging=logging),
@@ -171,7 +179,7 @@ class TurnProcessor:
                 content=message.content(),
                 external_id=proto.message_id,
                 history=self.settings.history,
-                sender_role=message.claimed_role,
+                sender_role=capped_claim(agent, message.claimed_role),
                 reply_to_id=message.reply_to_id,
                 origin=message.origin.value,
             )
@@ -204,7 +212,9 @@ class TurnProcessor:
             self.resources,
             agent,
             message,
-            role=ingested.sender_role or message.claimed_role or "MEMBER",
+            role=turn_role(
+                ingested.sender_role, ingested.sender_role_source, capped_claim(agent, message.claimed_role)
+            ),
             history=[
                 HistoryLine(
                     str(h.entity_id),

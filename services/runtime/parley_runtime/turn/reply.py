@@ -28,6 +28,8 @@ class Reply:
     actions: tuple[str, ...] = ()
     thought: str = ""
     target_channel: str = ""
+    # What actions attached (files, images, links): {id, url, title, content_type, text}.
+    attachments: tuple[Mapping[str, str], ...] = ()
 
     @classmethod
     def of(cls, id: uuid.UUID, content: Content, *, source: str, channel_id: str, in_reply_to: str) -> Reply:
@@ -40,11 +42,17 @@ class Reply:
             actions=tuple(content.actions),
             thought=content.thought,
             target_channel=content.target_channel,
+            attachments=tuple(_attachment(a) for a in content.attachments),
         )
 
     def redacted(self, redact: Callable[[str], str]) -> Reply:
         """Without the agent's secrets: what is stored and published never holds them."""
-        return dataclasses.replace(self, text=redact(self.text), thought=redact(self.thought))
+        return dataclasses.replace(
+            self,
+            text=redact(self.text),
+            thought=redact(self.thought),
+            attachments=tuple({k: redact(v) for k, v in a.items()} for a in self.attachments),
+        )
 
     def content(self) -> dict[str, Any]:
         """The memory's content, as stored (camelCase keys, as elizaOS stores them)."""
@@ -57,6 +65,8 @@ class Reply:
         }
         if self.target_channel:
             stored["targetChannel"] = self.target_channel
+        if self.attachments:
+            stored["attachments"] = [dict(a) for a in self.attachments]
         return stored
 
     @classmethod
@@ -72,6 +82,9 @@ class Reply:
             actions=tuple(str(a) for a in stored.get("actions") or ()),
             thought=str(stored.get("thought") or ""),
             target_channel=target,
+            attachments=tuple(
+                _attachment(a) for a in stored.get("attachments") or () if isinstance(a, Mapping)
+            ),
         )
 
     def outbound(self, agent_id: uuid.UUID, room_id: uuid.UUID) -> runtime_pb2.OutboundMessage:
@@ -88,4 +101,14 @@ class Reply:
             thought=self.thought,
             room_id=str(room_id),
             created_at=created,
+            attachments=[runtime_pb2.Attachment(**a) for a in self.attachments],
         )
+
+
+ATTACHMENT_FIELDS = ("id", "url", "title", "content_type", "text")
+
+
+def _attachment(value: Mapping[str, Any]) -> dict[str, str]:
+    """An attachment as the wire carries it: the known fields as text (``contentType`` too)."""
+    found = {**value, "content_type": value.get("content_type") or value.get("contentType") or ""}
+    return {f: str(found.get(f) or "") for f in ATTACHMENT_FIELDS}
