@@ -154,7 +154,7 @@ async def test_the_inbound_stream_leader_killed_under_load_loses_and_repeats_not
         while not published <= set(replies := await replies_by_message(bus)):
             missing = sorted(published - set(replies))
             assert time.monotonic() < deadline, (
-                f"{len(missing)} of {len(published)} messages unanswered 90 s after the load, e.g. {missing[:3]}"
+                f"{len(missing)} of {len(published)} unanswered 90 s after the load, e.g. {missing[:3]}"
             )
             await asyncio.sleep(0.5)
         drained = time.monotonic() - load_ended
