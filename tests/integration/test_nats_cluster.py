@@ -113,3 +113,38 @@ async def test_a_client_follows_the_cluster_when_its_node_is_killed(nats_cluster
         assert await bus.publish(subject, b"after", msg_id="after") is False  # deduplicated
     finally:
         await bus.close()
+
+
+# Reconnecting through nodes that die and come back, nats-py (2.16) replaces a connection's
+# StreamWriter whose socket it already closed without closing the writer object; the collector then
+# warns about it. Only that warning is let through: any other leak still fails the test.
+@pytest.mark.filterwarnings(
+    r"ignore:Exception ignored in. <function StreamWriter.__del__:pytest.PytestUnraisableExceptionWarning"
+)
+async def test_each_node_killed_and_restarted_in_turn_loses_no_stored_message(nats_cluster: Cluster) -> None:
+    """One node down at a time, each in turn: the cluster forms again each time, and the replicated
+    stream keeps every message acknowledged before, during and after."""
+    cluster, env = nats_cluster
+    bus = await Bus.connect(env.nats_url, name="tests", namespace=env.namespace)
+    try:
+        await bus.ensure_standard_streams(replicas=3)
+        subject = bus.subjects.outbound("agent", "turns")
+        acked = 0
+        for node in cluster.nodes:
+            node.kill()
+
+            async def stored(n: int = acked) -> bool:
+                try:
+                    return await bus.publish(subject, b"m", msg_id=f"m{n}", timeout=2)
+                except ParleyError:
+                    return False
+
+            await eventually(stored, timeout=30, what=f"a publish with {node.name} down")
+            acked += 1
+            cluster.restart(node)
+            assert await bus.publish(subject, b"m", msg_id=f"m{acked}")
+            acked += 1
+        info = await bus.js.stream_info(bus.subjects.stream("OUTBOUND"))
+        assert info.state.messages == acked
+    finally:
+        await bus.close()

@@ -18,7 +18,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from .infra import HOST, EmbeddedNats, InfraError, _pick_free_port, _poll
+from .infra import HOST, EmbeddedNats, InfraError, _pick_free_port, _poll, port_free
 
 __all__ = ["NatsCluster", "NatsNode"]
 
@@ -45,6 +45,11 @@ class NatsNode(EmbeddedNats):
             if not _poll(lambda: not self.running(), 10.0):
                 raise InfraError(f"nats-server {self.name} survived SIGKILL")
         self.pid = None
+        # The kernel lets go of a killed process's listeners a moment after the process is gone;
+        # a restart on the same ports waits for that.
+        ports = (self.port, self.monitor_port, self.route_port)
+        if not _poll(lambda: all(port_free(port) for port in ports), 10.0):
+            raise InfraError(f"the ports of nats-server {self.name} stayed busy after SIGKILL")
 
 
 class NatsCluster:

@@ -183,7 +183,8 @@ def _is_process(pid: int | None, *needles: str) -> bool:
     if pid is None or not process_alive(pid):
         return False
     cmdline = _cmdline(pid)
-    return cmdline is None or all(needle in cmdline for needle in needles)
+    # Empty while the process is between fork and exec (a server just spawned): not yet telling.
+    return not cmdline or all(needle in cmdline for needle in needles)
 
 
 def _poll(predicate: Callable[[], bool], timeout: float) -> bool:
