@@ -20,6 +20,16 @@ from parley_platform.errors import ParleyError
 from parley_platform.testing import eventually
 from support import DEFAULT_AGENT_ID, SessionEnv, Suite, inbound, stream_messages
 
+# The test's own client reconnects when its node is killed: see tests/integration/test_nats_cluster.py
+# for the one nats-py warning this lets through.
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.filterwarnings(
+        r"ignore:Exception ignored in. <function StreamWriter.__del__:pytest.PytestUnraisableExceptionWarning"
+    ),
+]
+
 RATE = 8  # messages a second, each in a room of its own
 LOAD_SECONDS = 12.0
 KILL_AT = 3.0  # seconds into the load
