@@ -94,8 +94,16 @@ async def move_leader(bus: Bus, api: str, to: str) -> None:
 
 
 async def replies_by_message(bus: Bus) -> collections.Counter[str]:
+    return collections.Counter(message for message, _ in await replies_stored(bus))
+
+
+async def replies_stored(bus: Bus) -> list[tuple[str, float]]:
+    """(the message replied to, when the stream stored the reply, as a Unix time) for every reply."""
     msgs = await stream_messages(bus, bus.subjects.outbound(DEFAULT_AGENT_ID, "e2e"))
-    return collections.Counter(runtime_pb2.OutboundMessage.FromString(m.data).in_reply_to for m in msgs)
+    return [
+        (runtime_pb2.OutboundMessage.FromString(m.data).in_reply_to, m.metadata.timestamp.timestamp())
+        for m in msgs
+    ]
 
 
 async def test_the_inbound_stream_leader_killed_under_load_loses_and_repeats_nothing(
@@ -144,8 +152,9 @@ async def test_the_inbound_stream_leader_killed_under_load_loses_and_repeats_not
             }.items()
             if await leader_of(bus, stream, consumer) == victim.name
         ]
+        assert led == ["INBOUND", "OUTBOUND", "runtime consumer"], f"{victim.name} leads only {led}"
         victim.kill()
-        killed_at = time.monotonic()
+        killed_at, killed_wall = time.monotonic(), time.time()
 
         async def new_leader() -> str | None:
             leader = await leader_of(bus, inbound_stream)
@@ -178,6 +187,9 @@ async def test_the_inbound_stream_leader_killed_under_load_loses_and_repeats_not
         assert dead.state.messages == 0, "a message was dead-lettered"
         await asyncio.sleep(1)  # late duplicates (a redelivery answered again) would land now
         assert await replies_by_message(bus) == replies
+        # Recovery: from the kill to the first reply to a message whose publish was acked after it.
+        stored = dict(await replies_stored(bus))
+        recovered = min(stored[m] for m in after_kill) - killed_wall
 
         print(
             json.dumps(
@@ -191,6 +203,7 @@ async def test_the_inbound_stream_leader_killed_under_load_loses_and_repeats_not
                     "duplicated": len(duplicated),
                     "dead_lettered": dead.state.messages,
                     "leader_elected_s": round(elected_after, 2),
+                    "first_reply_to_a_message_sent_after_the_kill_s": round(recovered, 2),
                     "longest_publish_wait_s": round(load.longest_wait, 2),
                     "publish_retries": load.retries,
                     "drain_after_load_s": round(drained, 2),
