@@ -31,7 +31,8 @@ pytestmark = [
 ]
 
 RATE = 8  # messages a second, each in a room of its own
-LOAD_SECONDS = 12.0
+LOAD_SECONDS = 12.0  # at least; the load goes on for AFTER_RESTART seconds once the node is back
+AFTER_RESTART = 3.0
 KILL_AT = 3.0  # seconds into the load
 DOWN_FOR = 2.0  # seconds before the killed node is started again
 
@@ -42,15 +43,17 @@ class Load:
 
     acked: dict[str, float] = field(default_factory=dict)  # message id -> monotonic time of the ack
     longest_wait: float = 0.0  # the longest a publish waited for its ack (retries included)
+    until: float = 0.0  # when the publisher stops (monotonic)
+    errors: collections.Counter[str] = field(default_factory=collections.Counter)  # why publishes failed
     retries: int = 0
 
 
-async def steady_load(bus: Bus, load: Load, until: float) -> None:
-    """RATE messages a second until ``until``; a publish that fails (no stream leader yet) is retried
-    under the same dedup id until JetStream acks it."""
+async def steady_load(bus: Bus, load: Load) -> None:
+    """RATE messages a second until ``load.until``; a publish that fails (no stream leader yet) is
+    retried under the same dedup id until JetStream acks it."""
     index = 0
     start = time.monotonic()
-    while time.monotonic() < until:
+    while time.monotonic() < load.until:
         message = inbound(f"cluster {index}", channel=f"cluster-{index}")
         subject = bus.subjects.inbound(message.agent_id, message.source)
         began = time.monotonic()
@@ -63,8 +66,9 @@ async def steady_load(bus: Bus, load: Load, until: float) -> None:
                     timeout=2,
                 )
                 break
-            except ParleyError:
+            except ParleyError as exc:
                 load.retries += 1
+                load.errors[exc.message[:120]] += 1
                 await asyncio.sleep(0.1)
         load.acked[message.message_id] = time.monotonic()
         load.longest_wait = max(load.longest_wait, time.monotonic() - began)
@@ -114,15 +118,21 @@ async def test_the_inbound_stream_leader_killed_under_load_loses_and_repeats_not
     suite.common_env = {"PARLEY_STREAM_REPLICAS": "3", "PARLEY_ACK_WAIT_SECONDS": "5"}
     bus = await suite.connect()
     try:
+        # The streams exist with one copy, as a deployment before PARLEY_STREAM_REPLICAS=3 left them:
+        # the services scale them to three when they start.
+        await bus.ensure_standard_streams(replicas=1)
         await suite.start(runtimes=1)
         streams = {
             name: await bus.js.stream_info(bus.subjects.stream(name))
             for name in ("INBOUND", "OUTBOUND", "DEAD")
         }
-        assert {info.config.num_replicas for info in streams.values()} == {3}, "the services kept R3"
+        assert {info.config.num_replicas for info in streams.values()} == {3}, "not scaled to R3"
 
         # One node leads the inbound and outbound streams and the runtime's consumer: the kill hits all.
         inbound_stream, outbound_stream = bus.subjects.stream("INBOUND"), bus.subjects.stream("OUTBOUND")
+        consumer = (await bus.js.consumer_info(inbound_stream, "runtime")).cluster
+        assert consumer is not None
+        assert len(consumer.replicas or []) == 2, "the runtime's consumer is not on all three nodes"
         target = await leader_of(bus, inbound_stream)
         assert target is not None
         groups = {
@@ -138,9 +148,8 @@ async def test_the_inbound_stream_leader_killed_under_load_loses_and_repeats_not
 
             await eventually(moved, timeout=20, what=f"{api} led by {target}")
 
-        load = Load()
-        began = time.monotonic()
-        publisher = asyncio.create_task(steady_load(bus, load, until=began + LOAD_SECONDS))
+        load = Load(until=time.monotonic() + LOAD_SECONDS)
+        publisher = asyncio.create_task(steady_load(bus, load))
         await asyncio.sleep(KILL_AT)
         victim = cluster.node(target)
         led = [
@@ -164,10 +173,17 @@ async def test_the_inbound_stream_leader_killed_under_load_loses_and_repeats_not
         elected_after = time.monotonic() - killed_at
         await asyncio.sleep(max(0.0, killed_at + DOWN_FOR - time.monotonic()))
         await asyncio.to_thread(cluster.restart, victim)
+        restarted = time.monotonic()
+        load.until = max(load.until, restarted + AFTER_RESTART)
         await publisher
         load_ended = time.monotonic()
         published = set(load.acked)
-        assert len(published) >= RATE * LOAD_SECONDS * 0.5, "the load was not steady"
+        before = [m for m, at in load.acked.items() if at < killed_at]
+        assert len(before) >= RATE * KILL_AT * 0.5, f"only {len(before)} published before the kill"
+        after = [m for m, at in load.acked.items() if at > restarted]
+        assert len(after) >= RATE * AFTER_RESTART * 0.5, (
+            f"only {len(after)} published after the restart; publishes failed with {dict(load.errors)}"
+        )
 
         deadline = load_ended + 90
         while not published <= set(replies := await replies_by_message(bus)):
