@@ -333,7 +333,30 @@ class Bus:
         except (TimeoutError, nats.errors.Error) as exc:
             raise _translate(exc, f"update stream {spec.name} ({', '.join(changed)})") from exc
         log.info("stream updated", stream=spec.name, fields=",".join(changed))
+        if "num_replicas" in changed:
+            await self._await_replicas(spec.name, spec.replicas)
         return "updated"
+
+    async def _await_replicas(self, name: str, replicas: int, timeout: float = 30.0) -> None:
+        """Wait until a stream whose replica count changed has a leader and every new copy has caught
+        up: until then the server refuses to create its consumers ("JetStream unavailable")."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                cluster = (await self.js.stream_info(name)).cluster
+            except (TimeoutError, nats.errors.Error):
+                cluster = None  # no leader to answer yet
+            else:
+                if replicas <= 1 and (cluster is None or cluster.leader):
+                    return
+                current = [peer for peer in (cluster.replicas or []) if peer.current] if cluster else []
+                if cluster is not None and cluster.leader and len(current) >= replicas - 1:
+                    return
+            if time.monotonic() >= deadline:
+                raise codes.NATS_TIMEOUT(
+                    f"stream {name}: {replicas} copies not in step within {timeout:.0f} s"
+                )
+            await asyncio.sleep(0.1)
 
     async def ensure_consumer(self, spec: ConsumerSpec) -> str:
         wanted = spec.config()
