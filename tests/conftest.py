@@ -18,9 +18,11 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from parley_devinfra import infra
+from parley_devinfra.cluster import NatsCluster
+from parley_devinfra.natsauth import CONFIG_FILE, NatsAuth
 from parley_platform.bus import Bus, standard_streams
 from parley_platform.testing import create_database, drop_database
-from support import SessionEnv
+from support import SessionEnv, cluster_env
 
 
 @pytest.fixture(scope="session")
@@ -63,3 +65,20 @@ def fresh_database(test_env: SessionEnv) -> Iterator[str]:
     url = create_database(test_env.server_database_url, name)
     yield url
     drop_database(test_env.server_database_url, name)
+
+
+@pytest.fixture
+def nats_cluster(
+    test_env: SessionEnv, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[NatsCluster, SessionEnv]]:
+    """A three-node NATS cluster of this test's own (three nats-server processes, the session's
+    permissions and fresh credentials), and the session's environment pointed at it: every URL
+    lists the three nodes, the namespace is new, the database is the session's."""
+    root = tmp_path_factory.mktemp("cluster")
+    NatsAuth.ensure(root / "auth")
+    cluster = NatsCluster(root, config_file=root / "auth" / CONFIG_FILE)
+    try:
+        cluster.start()
+        yield cluster, cluster_env(test_env, cluster.url, NatsAuth.load(root / "auth" / "auth.json"))
+    finally:
+        cluster.stop()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import secrets
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import nats.js.errors
@@ -13,6 +14,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from parley.v1 import runtime_pb2
 from parley_devinfra.infra import Endpoints, free_port
+from parley_devinfra.natsauth import NatsAuth
 from parley_platform.bus import Bus
 from parley_platform.testing import ServiceProcess
 
@@ -50,6 +52,18 @@ class SessionEnv:
         return env
 
 
+def cluster_env(env: SessionEnv, nats_url: str, auth: NatsAuth) -> SessionEnv:
+    """``env`` on another NATS deployment (a cluster: ``nats_url`` lists its nodes), in a namespace of
+    its own; the database and the operator token stay the session's."""
+    endpoints = replace(env.endpoints, nats_url=nats_url, nats_auth=auth, nats_monitor_url=None)
+    return replace(
+        env,
+        nats_url=endpoints.nats_url_for("operator"),
+        namespace=f"c{secrets.token_hex(4)}",
+        endpoints=endpoints,
+    )
+
+
 @dataclass
 class Suite:
     """The model gateway and runtime replicas as real processes, in one NATS namespace."""
@@ -60,9 +74,10 @@ class Suite:
     gateway: ServiceProcess | None = None
     runtimes: list[ServiceProcess] = field(default_factory=list)
     others: list[ServiceProcess] = field(default_factory=list)
+    common_env: dict[str, str] = field(default_factory=dict)  # given to every process of the suite
 
     def _env(self, **extra: str) -> dict[str, str]:
-        return self.env.service_env(PARLEY_NAMESPACE=self.namespace, **extra)
+        return self.env.service_env(PARLEY_NAMESPACE=self.namespace, **{**self.common_env, **extra})
 
     def gateway_process(self, **extra: str) -> ServiceProcess:
         port = free_port()

@@ -52,6 +52,11 @@ RUNS: dict[str, tuple[list[str], set[str], set[str]]] = {
         {"telegram_p50_ratio_to_kit", "telegram_p50_ms", "kit_p50_ms"},
         {"telegram", "kit"},
     ),
+    "cluster.py": (
+        ["--sequential", "20", "--concurrent", "50", "--in-flight", "4", "--failovers", "1"],
+        {"sequential_p50_ratio_to_floor", "throughput_ratio_to_floor", "failover_publish_gap_s_median"},
+        {"floor", "replicated"},
+    ),
     "confirmations.py": (
         ["--approvals", "10", "--in-flight", "4"],
         {"ratio_to_floor", "floor_approval_p50_ms"},

@@ -38,7 +38,8 @@ ALERTS = ROOT / "deploy" / "alerts.yml"
 COMPOSE_SCHEMA = ROOT / "tests" / "schemas" / "compose_spec.json"
 # Where the metrics are defined; alert expressions may use nothing else.
 METRIC_SOURCES = (ROOT / "libs", ROOT / "services")
-INFRASTRUCTURE = ("nats", "postgres")
+NATS_NODES = ("nats-1", "nats-2", "nats-3")  # the three nodes of the NATS cluster
+INFRASTRUCTURE = (*NATS_NODES, "postgres")
 REQUIRED_ALERTS = {"ServiceDown", "DeadLetters", "TurnsFailing", "SlowTurns", "ModelErrors"}
 # Files the image build needs from the source folders.
 BUILD_INPUT_SUFFIXES = {".py", ".pyi", ".sql", ".proto", ".yaml", ".yml", ".json", ".toml"}
@@ -263,7 +264,12 @@ def test_services_share_one_environment_that_needs_a_token(compose: dict[str, An
             assert re.fullmatch(rf"\$\{{{required}:\?[^}}]*\}}", env.get(required, "")), (
                 f"{name}: {required} must be required, never defaulted"
             )
-        assert env.get("PARLEY_NATS_URL", "").startswith("nats://nats:"), name
+        assert env.get("PARLEY_NATS_URL", "").split(",") == [f"nats://{node}:4222" for node in NATS_NODES], (
+            name
+        )
+        assert env.get("PARLEY_STREAM_REPLICAS") == str(len(NATS_NODES)), (
+            f"{name}: one copy of each stream a node"
+        )
         assert re.match(r"postgres(?:ql)?://[^@]+@postgres:", env.get("PARLEY_DATABASE_URL", "")), name
         assert env.get("PARLEY_GRPC_HOST") == "0.0.0.0", name
         assert env.get("PARLEY_METRICS_HOST") == "0.0.0.0", name
@@ -301,11 +307,11 @@ def test_compose_file_matches_the_compose_specification(compose: dict[str, Any])
 def test_the_compose_schema_rejects_what_compose_would_reject(compose: dict[str, Any]) -> None:
     broken = copy.deepcopy(compose)
     broken["services"]["runtime"]["healthcheck"]["retires"] = 3
-    broken["services"]["nats"]["ports"] = "4222:4222"
+    broken["services"]["nats-1"]["ports"] = "4222:4222"
     broken["services"]["postgres"]["depends_on"] = {"nats": {"condition": "service_happy"}}
     errors = compose_schema_errors(broken)
     assert any(e.startswith("services/runtime/healthcheck") and "retires" in e for e in errors), errors
-    assert any(e.startswith("services/nats/ports") for e in errors), errors
+    assert any(e.startswith("services/nats-1/ports") for e in errors), errors
     assert any(e.startswith("services/postgres/depends_on") for e in errors), errors
 
 

@@ -250,6 +250,17 @@ def test_the_overlay_sets_namespace_image_and_patches(rendered: list[Document]) 
     )
 
 
+def test_services_reach_every_nats_server_and_replicate_streams_on_three(rendered: list[Document]) -> None:
+    [config] = [
+        doc["data"] for doc in of_kind(rendered, "ConfigMap").values() if "PARLEY_NATS_URL" in doc["data"]
+    ]
+    servers = config["PARLEY_NATS_URL"].split(",")
+    assert len(servers) == 3, servers
+    assert all(re.fullmatch(r"nats://[a-z0-9.-]+:4222", server) for server in servers), servers
+    assert len(set(servers)) == 3, servers
+    assert config["PARLEY_STREAM_REPLICAS"] == "3"
+
+
 def test_the_checks_find_what_is_wrong(rendered: list[Document]) -> None:
     """Each structural check, given manifests with one thing broken, names it."""
 

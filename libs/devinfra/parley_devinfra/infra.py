@@ -29,7 +29,7 @@ import time
 import urllib.error
 import urllib.request
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,7 +183,8 @@ def _is_process(pid: int | None, *needles: str) -> bool:
     if pid is None or not process_alive(pid):
         return False
     cmdline = _cmdline(pid)
-    return cmdline is None or all(needle in cmdline for needle in needles)
+    # Empty while the process is between fork and exec (a server just spawned): not yet telling.
+    return not cmdline or all(needle in cmdline for needle in needles)
 
 
 def _poll(predicate: Callable[[], bool], timeout: float) -> bool:
@@ -290,9 +291,11 @@ class EmbeddedNats:
         monitor_port: int = 0,
         log_file: Path | None = None,
         config_file: Path | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.store_dir = store_dir.resolve()
         self.config_file = config_file.resolve() if config_file else None
+        self.extra_args = list(extra_args)  # more command-line options (a cluster node's: cluster.py)
         self.port = port
         self.monitor_port = monitor_port
         self.log_file = (log_file or self.store_dir.parent / "nats.log").resolve()
@@ -343,6 +346,7 @@ class EmbeddedNats:
         if self.config_file is not None:
             # Accounts, users and their permissions, and the auth callout (natsauth.py).
             argv += ["-c", str(self.config_file)]
+        argv += self.extra_args
         log_fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             # posix_spawn leaves no Popen object whose finalizer would warn about a still-running child.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import ssl
 import time
@@ -40,6 +41,8 @@ from .permissions import inbox_prefix
 log = get_logger(__name__)
 
 MSG_ID = "Nats-Msg-Id"
+REPLICAS_ENV = "PARLEY_STREAM_REPLICAS"
+MAX_REPLICAS = 5  # JetStream's own limit
 _PERMISSION_VIOLATION = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
 
 
@@ -143,9 +146,22 @@ class ConsumerSpec:
         )
 
 
-def standard_streams(subjects: Subjects, *, replicas: int = 1) -> list[StreamSpec]:
-    """The suite's event streams (see DESIGN.md)."""
+def stream_replicas() -> int:
+    """How many copies of each stream the suite keeps: ``PARLEY_STREAM_REPLICAS`` (default 1; 3 on
+    a three-node cluster), so every place that creates a stream agrees without being told."""
+    raw = os.environ.get(REPLICAS_ENV, "").strip() or "1"
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_REPLICAS:
+        raise codes.INVALID_ARGUMENT(
+            f"{REPLICAS_ENV} must be a whole number from 1 to {MAX_REPLICAS}, not {raw!r}"
+        )
+    return int(raw)
+
+
+def standard_streams(subjects: Subjects, *, replicas: int | None = None) -> list[StreamSpec]:
+    """The suite's event streams (see DESIGN.md), each with ``replicas`` copies (default:
+    ``stream_replicas()``)."""
     day = 24 * 3600.0
+    replicas = stream_replicas() if replicas is None else replicas
     return [
         StreamSpec(
             subjects.stream("INBOUND"),
@@ -325,7 +341,30 @@ class Bus:
         except (TimeoutError, nats.errors.Error) as exc:
             raise _translate(exc, f"update stream {spec.name} ({', '.join(changed)})") from exc
         log.info("stream updated", stream=spec.name, fields=",".join(changed))
+        if "num_replicas" in changed:
+            await self._await_replicas(spec.name, spec.replicas)
         return "updated"
+
+    async def _await_replicas(self, name: str, replicas: int, timeout: float = 30.0) -> None:
+        """Wait until a stream whose replica count changed has a leader and every new copy has caught
+        up: until then the server refuses to create its consumers ("JetStream unavailable")."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                cluster = (await self.js.stream_info(name)).cluster
+            except (TimeoutError, nats.errors.Error):
+                cluster = None  # no leader to answer yet
+            else:
+                if replicas <= 1 and (cluster is None or cluster.leader):
+                    return
+                current = [peer for peer in (cluster.replicas or []) if peer.current] if cluster else []
+                if cluster is not None and cluster.leader and len(current) >= replicas - 1:
+                    return
+            if time.monotonic() >= deadline:
+                raise codes.NATS_TIMEOUT(
+                    f"stream {name}: {replicas} copies not in step within {timeout:.0f} s"
+                )
+            await asyncio.sleep(0.1)
 
     async def ensure_consumer(self, spec: ConsumerSpec) -> str:
         wanted = spec.config()
@@ -344,7 +383,7 @@ class Bus:
             raise _translate(exc, f"ensure consumer {spec.durable}") from exc
         return "created" if info is None else "updated"
 
-    async def ensure_standard_streams(self, *, replicas: int = 1) -> None:
+    async def ensure_standard_streams(self, *, replicas: int | None = None) -> None:
         for spec in standard_streams(self.subjects, replicas=replicas):
             await self.ensure_stream(spec)
 

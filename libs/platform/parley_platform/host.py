@@ -188,7 +188,7 @@ class ServiceHost(Generic[S]):
             tls=tls_context(s.nats_tls_ca, s.nats_tls_cert, s.nats_tls_key),
         )
         if spec.standard_streams:
-            await self._bus.ensure_standard_streams()
+            await self._bus.ensure_standard_streams(replicas=s.stream_replicas)
         await self.setup(self)
         await self._serve_nats()
         self._grpc = await start_grpc_server(

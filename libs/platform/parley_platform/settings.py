@@ -31,6 +31,9 @@ class Settings(BaseSettings):
     nats_tls_ca: Path | None = None
     nats_tls_cert: Path | None = None
     nats_tls_key: Path | None = None
+    # Copies of every stream the suite creates (1 on one server; 3 on a three-node cluster). A
+    # running stream with another count is updated to this one at start-up.
+    stream_replicas: int = Field(default=1, ge=1, le=5)
     database_url: str = "postgresql://parley@127.0.0.1:5432/parley"
     # Prefix of every subject and stream name. Test sessions use their own so
     # runs sharing one NATS server never collide.
