@@ -32,6 +32,7 @@ from .character import load_characters
 from .config import RuntimeSettings
 from .custom.executor import CustomActionSettings, Executor, load_config_file
 from .documents.api import DocumentsApi
+from .documents.character_knowledge import CharacterKnowledge
 from .documents.store import DocumentStore
 from .secrets import SecretBox, check_salt
 from .store import MIGRATIONS_DIR, SCHEMA, RuntimeStore
@@ -108,6 +109,12 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
         pairing=PairingGate(rpc, timeout=s.pairing_timeout_seconds),
     )
     resources = Resources(store, DocumentStore(host.db), model, Approvals(authz, store))
+    # The characters' knowledge texts become their agents' documents, in the background.
+    knowledge = CharacterKnowledge(resources.documents, model.embed)
+    directory.on_loaded(knowledge.on_loaded)
+    for served in directory.agents.values():
+        knowledge.load(served.id, served.character)
+    host.on_stop("character knowledge", lambda: knowledge.drain(5))
     metrics = TurnMetrics(host.registry)
     turns = TurnProcessor(
         resources=resources,
