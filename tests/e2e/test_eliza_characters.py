@@ -8,16 +8,15 @@ import asyncio
 import json
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import grpc
 import psycopg
+from test_cli import cli_env, run
 
 from parley.v1 import documents_pb2, documents_pb2_grpc, runtime_pb2, runtime_pb2_grpc
 from parley_runtime import ids
 from support import ROOT, Suite, inbound, publish_inbound, replies_to
-from test_cli import cli_env, run
 
 CHARACTERS = ROOT / "tests" / "characters"
 FILES = {"Trinity": "eliza_v0.json", "Orion": "eliza_v1.json", "Vega": "eliza_current.json"}
@@ -136,7 +135,8 @@ async def test_eliza_characters_of_every_shape_load_answer_and_show_their_exampl
                     "Orion: Tonight that is Jupiter, Alex: a planet, not a star. (actions: REPLY)" in stable
                 )
                 assert "<actions>\nPossible response actions: " in stable
-                assert "<providers>\n" in prompt and "# About Orion" in prompt
+                assert "<providers>\n" in prompt
+                assert "# About Orion" in prompt
             if name == "Vega":  # current: {"examples": [...]} groups, its own template
                 assert "# Vega's own planner\nYou are Vega. Be brief." in stable
                 assert "Vega: Take the Nightjet from Wien Hbf" in stable
@@ -152,8 +152,9 @@ async def test_eliza_characters_of_every_shape_load_answer_and_show_their_exampl
                 room_type=runtime_pb2.ROOM_TYPE_GROUP,
             )
             await publish_inbound(bus, group)
-            deadline = time.monotonic() + 30
-            while not (found := await replies_to(bus, group)) and time.monotonic() < deadline:
+            for _ in range(100):
+                if found := await replies_to(bus, group):
+                    break
                 await asyncio.sleep(0.3)
             assert [r.text for r in found] == ["You said: any news about the tide"]
         finally:
@@ -193,4 +194,3 @@ async def test_eliza_characters_of_every_shape_load_answer_and_show_their_exampl
     vega = json.loads(next(doc for name, doc in stored if name == "Vega"))
     assert vega["extra"] == {"advancedPlanning": True, "advancedMemory": False}
     assert vega["elizaPlugins"][0] == "@elizaos/plugin-sql"
-    assert Path(CHARACTERS / "eliza_knowledge" / "faq.md").is_file()
