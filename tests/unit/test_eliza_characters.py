@@ -136,7 +136,8 @@ def test_message_handler_template_is_the_planner_prompt_with_a_stable_prefix() -
     segments = build_turn_prompt(character, state, "Ann", "hello")
     assert [s.stable for s in segments] == [True, False, False]
     assert segments[0].content == (
-        "# Agent\nYou are Eve.\nBe kind.\n\nPlan for Eve.\nSam: yo\nPossible response actions: REPLY\n<providers>"
+        "# Agent\nYou are Eve.\nBe kind.\n\n"
+        "Plan for Eve.\nSam: yo\nPossible response actions: REPLY\n<providers>"
     )
     assert "# Time\nnow" in segments[1].content
     assert "{{" not in join_segments(segments)

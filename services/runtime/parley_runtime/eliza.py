@@ -158,8 +158,8 @@ def normalize(document: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         # elizaOS keeps secrets in settings.secrets too: stored encrypted with the others (a
         # top-level secret of the same name wins, as get_setting would have it).
         data["settings"] = {k: v for k, v in settings.items() if k != "secrets"}
-        top = data.get("secrets") if isinstance(data.get("secrets"), dict) else {}
-        data["secrets"] = {**settings["secrets"], **top}
+        top = data.get("secrets")
+        data["secrets"] = {**settings["secrets"], **(top if isinstance(top, dict) else {})}
     if isinstance(data.get("secrets"), dict):
         data["secrets"] = {
             k: str(v).lower() if isinstance(v, bool) else str(v) if isinstance(v, (int, float)) else v
