@@ -39,6 +39,7 @@ from .store import MIGRATIONS_DIR, SCHEMA, RuntimeStore
 from .tasks import ensure_tasks, runtime_workers
 from .turn.approvals import Approvals
 from .turn.confirmations import CLAIMED, SETTLED, Confirmations
+from .turn.evaluation import EvaluatorBatchers
 from .turn.ports import Events, Inbox, Model, Outbox, Ports
 from .turn.processor import TurnProcessor
 from .turn.services import Resources
@@ -99,7 +100,12 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
     )
     bus, rpc = host.bus, host.rpc
     authz = AuthzClient(rpc, timeout=s.authz_timeout_seconds)
-    model = Model(ModelGatewayClient(rpc, timeout=s.model_timeout_seconds))
+    batchers = EvaluatorBatchers(bus, timeout=s.model_timeout_seconds) if s.evaluator_batching else None
+    model = Model(
+        ModelGatewayClient(rpc, timeout=s.model_timeout_seconds),
+        batchers,
+        batch_window=s.evaluator_batch_window_ms / 1000,
+    )
     ports = Ports(
         model=model,
         outbox=Outbox(bus),
@@ -220,3 +226,5 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
     scheduler = SchedulerClient(rpc, timeout=5)
     host.loop("runtime tasks", lambda: ensure_tasks(scheduler, [a.id for a in directory.agents.values()]))
     host.on_stop("evaluators", lambda: turns.drain(5))
+    if batchers is not None:  # after the evaluators: they use it
+        host.on_stop("evaluator batchers", batchers.close)

@@ -62,6 +62,9 @@ CREATE TABLE runtime.participant (
     user_state  text CHECK (user_state IN ('FOLLOWED', 'MUTED')),
     mute_until  timestamptz,
     created_at  timestamptz NOT NULL DEFAULT now(),
+    -- Who set the role: a connector's claim (capped by CONNECTOR_ROLE_CEILING) or the operator,
+    -- whose role a connector's claim never changes.
+    role_source text NOT NULL DEFAULT 'connector' CHECK (role_source IN ('connector', 'operator')),
     PRIMARY KEY (agent_id, room_id, entity_id),
     FOREIGN KEY (agent_id, room_id) REFERENCES runtime.room (agent_id, id) ON DELETE CASCADE,
     FOREIGN KEY (agent_id, entity_id) REFERENCES runtime.entity (agent_id, id) ON DELETE CASCADE
@@ -320,3 +323,20 @@ CREATE TABLE runtime.autonomy (
     generation  bigint NOT NULL CHECK (generation > 0),
     updated_at  timestamptz NOT NULL DEFAULT now()
 );
+
+-- Relationships between entities, as elizaOS keeps them: a source, a target, tags and metadata.
+CREATE TABLE runtime.relationship (
+    agent_id          uuid NOT NULL REFERENCES runtime.agent (id) ON DELETE CASCADE,
+    id                uuid NOT NULL,
+    source_entity_id  uuid NOT NULL,
+    target_entity_id  uuid NOT NULL,
+    tags              text[] NOT NULL DEFAULT '{}',
+    metadata          jsonb NOT NULL DEFAULT '{}',
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    updated_at        timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (agent_id, id),
+    UNIQUE (agent_id, source_entity_id, target_entity_id),
+    FOREIGN KEY (agent_id, source_entity_id) REFERENCES runtime.entity (agent_id, id) ON DELETE CASCADE,
+    FOREIGN KEY (agent_id, target_entity_id) REFERENCES runtime.entity (agent_id, id) ON DELETE CASCADE
+);
+CREATE INDEX relationship_target ON runtime.relationship (agent_id, target_entity_id);
