@@ -168,6 +168,7 @@ async def main(args: argparse.Namespace) -> None:
             gateway.stop()
     floor = calls["floor"] or 1.0
     summary: dict[str, object] = {
+        "benchmark": "evaluators",
         "turns": args.turns,
         "window_ms": args.window_ms,
         "max_fields_per_call": args.max_fields or "gateway default",
