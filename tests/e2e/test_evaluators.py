@@ -73,7 +73,10 @@ async def test_reflection_and_a_plugin_evaluator_share_one_batched_call(
         bob = await say("bob", "Bob here, hi")
         await _until(lambda: "TOPIC" in log.read_text(), "Bob's TOPIC evaluator")
         alice = await say("alice", "Bob is my brother and he lives in Oslo")
-        for message in (bob, alice):
+        alice_id = ids.message_id(uuid.UUID(agent_id), "e2e", alice.message_id)
+        await _until(lambda: f"TOPIC {alice_id} " in log.read_text(), "Alice's TOPIC evaluator")
+        fallback = await say("alice", "please fall back on the topic")
+        for message in (bob, alice, fallback):
             for _ in range(150):
                 if await replies_to(bus, message):
                     break
@@ -82,8 +85,7 @@ async def test_reflection_and_a_plugin_evaluator_share_one_batched_call(
     finally:
         await bus.close()
 
-    alice_id = ids.message_id(uuid.UUID(agent_id), "e2e", alice.message_id)
-    await _until(lambda: f"TOPIC {alice_id} family False" in log.read_text(), "Alice's TOPIC evaluator")
+    assert f"TOPIC {alice_id} family False" in log.read_text()
 
     # One drain of the room's affinity answered both sections of Alice's turn with one model call.
     [(room_id,)] = _rows(
@@ -147,3 +149,26 @@ async def test_reflection_and_a_plugin_evaluator_share_one_batched_call(
     assert evaluators["REFLECTION"]["batch"]["fallback_used"] is False
     assert evaluators["TOPIC"]["values"] == {"topic": "family"}
     assert json.dumps(evaluators).count('"attempts": 1') == 2
+
+    # Per-evaluator fallback: TOPIC's field never came (asked twice: the batcher's retry), so TOPIC
+    # got its fallback; REFLECTION, in the same call, got its answer.
+    fallback_id = ids.message_id(uuid.UUID(agent_id), "e2e", fallback.message_id)
+    await _until(lambda: f"TOPIC {fallback_id} unknown True" in log.read_text(), "TOPIC's fallback")
+    await _until(lambda: "Nothing worth keeping." in memories("reflections"), "the second reflection")
+
+    def recorded() -> Any:
+        [(found,)] = _rows(
+            url, "SELECT trajectory FROM runtime.turn WHERE agent_id = %s AND id = %s", agent_id, fallback_id
+        )
+        return found.get("evaluators")
+
+    evaluators = await _until(recorded, "the evaluators' trajectory")
+    assert evaluators["TOPIC"]["batch"]["fallback_used"] is True
+    assert evaluators["TOPIC"]["batch"]["attempts"] == 2
+    assert evaluators["REFLECTION"]["batch"]["fallback_used"] is False
+    assert evaluators["REFLECTION"]["batch"]["attempts"] == 1
+    assert (2, 2) in _rows(
+        url,
+        "SELECT sections, calls FROM model.batch_drain WHERE affinity = %s ORDER BY seq",
+        f"room:{room_id}",
+    )
