@@ -92,6 +92,7 @@ def test_knowledge_files_are_read_next_to_the_character_only(tmp_path: Path) -> 
     (tmp_path / "one.txt").write_text("text one")
     outside = tmp_path.parent / f"{tmp_path.name}-outside.txt"
     outside.write_text("never read")
+    (tmp_path / "docs" / "link.txt").symlink_to(outside)
     document = {
         "knowledge": [
             "inline",
@@ -108,8 +109,9 @@ def test_knowledge_files_are_read_next_to_the_character_only(tmp_path: Path) -> 
         {"path": "one.txt", "text": "text one"},
         {"path": "docs/a.md", "text": "# A\ntext a"},
     ]
-    assert len(warnings) == 4
-    assert "outside the character file's directory" in warnings[1]
+    assert len(warnings) == 5
+    assert "'docs/link.txt' is outside the character file's directory" in warnings[1]
+    assert "outside the character file's directory" in warnings[2]
     assert "never read" not in json.dumps(document)
 
 

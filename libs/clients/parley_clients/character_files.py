@@ -70,7 +70,11 @@ def inline_knowledge(document: dict[str, Any], base_dir: Path) -> list[str]:
             continue
         files = sorted(p for p in found.rglob("*") if p.is_file())[:MAX_FILES]
         for file in files:
-            entry = _read(file, str(Path(shown) / file.relative_to(found)), warnings)
+            name = str(Path(shown) / file.relative_to(found))
+            if not file.resolve().is_relative_to(base):  # a link to somewhere else
+                warnings.append(f"knowledge {name!r} is outside the character file's directory; skipped")
+                continue
+            entry = _read(file, name, warnings)
             if entry is not None:
                 inlined.append({k: v for k, v in item.items() if k != "directory"} | entry)
     document["knowledge"] = inlined
