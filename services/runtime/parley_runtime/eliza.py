@@ -117,7 +117,8 @@ def _plugins(data: dict[str, Any], warnings: list[str]) -> None:
     if not isinstance(plugins, list):
         return
     kept: list[Any] = []
-    eliza: list[str] = list(data.get("elizaPlugins") or [])
+    written = data.get("elizaPlugins")
+    eliza = [p for p in written if isinstance(p, str)] if isinstance(written, list) else []
     missing = []
     for name in plugins:
         if not isinstance(name, str) or not name.startswith("@"):
@@ -168,7 +169,7 @@ def normalize(document: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     _plugins(data, warnings)
     templates = data.get("templates")
     if isinstance(templates, dict):
-        unused = sorted(k for k in templates if k not in TEMPLATE_USES)
+        unused = sorted(str(k) for k in templates if k not in TEMPLATE_USES)
         if unused:
             warnings.append(
                 f"templates no Parley prompt uses, kept: {', '.join(unused)} "
@@ -185,12 +186,11 @@ def normalize(document: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             f"modelProvider {data['modelProvider']!r} is kept for reference: the model gateway's "
             "configuration chooses the provider"
         )
-    unknown = {k: v for k, v in data.items() if k not in KNOWN_KEYS}
+    unknown = {str(k): v for k, v in data.items() if k not in KNOWN_KEYS}
     if unknown:
         data = {k: v for k, v in data.items() if k in KNOWN_KEYS}
         extra = data.get("extra")
         data["extra"] = {**(extra if isinstance(extra, dict) else {}), **unknown}
-        warnings.append(
-            f"keys Parley does not use, kept in the stored character: {', '.join(sorted(unknown))}"
-        )
+        names = ", ".join(sorted(unknown))
+        warnings.append(f"keys Parley does not use, kept in the stored character: {names}")
     return data, warnings
