@@ -161,3 +161,34 @@ def test_a_bad_document_says_where() -> None:
         parse_character({"name": "Eve", "lore": [1, 2], "knowledge": "not a list"})
     assert "lore.0" in failure.value.message
     assert "knowledge" in failure.value.message
+
+
+@pytest.mark.parametrize(
+    ("document", "where"),
+    [
+        ({"name": "a", "elizaPlugins": 5}, "elizaPlugins"),
+        ({"name": "a", "messageExamples": [{"examples": 5}]}, "messageExamples.0"),
+        ({"name": "a", "messageExamples": [[{"content": [1]}]]}, "messageExamples.0.0.text"),
+        ({"name": "a", "knowledge": [5]}, "knowledge.0"),
+        ({"name": "a", "settings": {"secrets": {"a": {"b": 1}}}}, "secrets.a"),
+        ({"name": "a", "templates": {1: "x"}}, "templates.1"),
+        ({"name": "a", "clients": [{"a": 1}]}, "clients.0"),
+        ({"name": "a", "modelProvider": {"a": 1}}, "modelProvider"),
+        (
+            {"name": "a", "messageExamples": [[{"name": "x", "content": {"text": "y", "actions": [[1]]}}]]},
+            "actions.0",
+        ),
+    ],
+)
+def test_odd_documents_are_refused_with_the_place_never_a_crash(
+    document: dict[object, object], where: str
+) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        parse_character(document)
+    assert where in refused.value.message
+
+
+def test_a_key_that_is_not_a_string_is_kept_as_one() -> None:
+    character = parse_character({"name": "a", 1: 2})
+    assert character.extra == {"1": 2}
+    assert any(w.endswith("kept in the stored character: 1") for w in character.warnings)
