@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
+import yaml
 
 from parley.v1 import common_pb2, runtime_pb2
+from parley_clients.character_files import inline_knowledge
 from parley_connectors import Chunk, Reply
 from parley_devinfra import infra
 from parley_platform.errors import InvalidArgument, ParleyError
@@ -192,6 +194,23 @@ def _show_earlier(name: str, reply: Reply) -> None:
     print(f"{name}> {reply.text}    (a reply from while you were away)")
 
 
+def read_character(path: Path) -> tuple[str, list[str]]:
+    """The character file's text, with its knowledge {path}/{directory} entries read and inlined
+    (files next to it only): the runtime never reads a path it is sent."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        document = yaml.safe_load(text)  # JSON is YAML too
+    except yaml.YAMLError:
+        return text, []  # the runtime says what is wrong with it
+    if not isinstance(document, dict) or not isinstance(document.get("knowledge"), list):
+        return text, []
+    warnings = inline_knowledge(document, path.parent)
+    return json.dumps(document), warnings
+
+
 @command(app)
 async def agents(
     action: Literal["list", "add", "enable", "disable"] = typer.Argument("list", metavar="ACTION"),
@@ -217,12 +236,11 @@ async def agents(
     if not target:
         raise typer.BadParameter(f"{action} needs " + ("a character file" if action == "add" else "an agent"))
     if action == "add":
-        try:
-            text = await asyncio.to_thread(Path(target).read_text)
-        except OSError as exc:
-            raise InvalidArgument(f"cannot read {target}: {exc.strerror}") from None
+        text, read_warnings = await asyncio.to_thread(read_character, Path(target))
         agent = await client.runtime("UpsertAgent", runtime_pb2.UpsertAgentRequest(character=text))
         print(f"saved agent {agent.name} ({agent.id}), {'enabled' if agent.enabled else 'disabled'}")
+        for warning in [*read_warnings, *agent.warnings]:
+            print(f"warning: {warning}", file=sys.stderr)
     else:
         request = runtime_pb2.SetAgentEnabledRequest(agent_id=target, enabled=action == "enable")
         agent = await client.runtime("SetAgentEnabled", request)

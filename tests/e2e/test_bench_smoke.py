@@ -82,6 +82,11 @@ RUNS: dict[str, tuple[list[str], set[str], set[str]]] = {
         {"operator_p50_ratio_to_floor", "stranger_p50_ratio_to_floor", "member_p50_ratio_to_floor"},
         {"floor", "authorized", "hits"},
     ),
+    "evaluators.py": (
+        ["--turns", "4", "--window-ms", "300"],
+        {"calls_per_turn_unbatched", "calls_per_turn_batched", "ratio_batched_to_floor"},
+        {"model_calls_per_turn", "turn_p50_ms"},
+    ),
     "model_gateway.py": (
         ["--sequential", "50", "--concurrent", "100", "--in-flight", "8", "--local-prompts", "1"],
         {"overhead_ratio_p50_sequential", "throughput_ratio_concurrent"},

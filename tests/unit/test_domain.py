@@ -35,7 +35,11 @@ def test_default_character_loads() -> None:
     [
         ({"bio": ["no name"]}, "name: Field required"),
         ({"name": ""}, "name:"),
-        ({"name": "ok", "unknown_field": 1}, "unknown_field"),
+        ({"name": "ok", "knowledge": [{"text": ""}]}, "knowledge.0.text"),
+        (
+            {"name": "ok", "messageExamples": [{"examples": [{"user": 5, "content": {"text": "x"}}]}]},
+            "0.0.name",
+        ),
         ({"name": "ok", "messageExamples": [[{"name": "u"}]]}, "messageExamples.0.0.text"),
         ({"name": "bad/name"}, "name:"),
     ],

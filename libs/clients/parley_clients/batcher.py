@@ -6,6 +6,8 @@ this module registers sections over NATS RPC and hands their results back:
 - ``ask_once``: a start-up question, answered at the next drain of its affinity; returns the fields.
 - ``ask_now``: an immediate question: registers it, drains its affinity now, and returns the
   fields, or the fallback (required) on any failure.
+- ``ask_together``: several immediate questions of one affinity, registered then drained once (one
+  model call when they fit), each with its fallback on failure.
 - ``on_drain``: a section answered at every drain until disposed; the returned future resolves with
   the first result, ``on_result`` is called with every one.
 - ``think``: a recurring section (autonomy), at most once per ``min_cycle_ms``, results to ``on_result``.
@@ -227,6 +229,59 @@ class BatcherClient:
             self._first.pop(id, None)
             return dict(fallback)
         return dict(result.fields)
+
+    async def ask_together(
+        self,
+        sections: Sequence[model_pb2.Section],
+        *,
+        affinity: str,
+        timeout: float | None = None,
+        window: float = 0.0,
+    ) -> dict[str, model_pb2.SectionResult]:
+        """Register ``sections`` (of ``affinity``) and drain it once: one model call answers them all
+        when they fit one call. With a ``window`` (seconds), first wait that long for a drain by
+        someone else (the scheduler's, another caller's of the same affinity), so the sections of
+        several callers share calls. Every section gets a result: the answer, or its fallback (the
+        batcher's, after the section's retries; here, when the gateway failed or was late). The
+        answered sections are then removed from the gateway."""
+        futures: dict[str, asyncio.Future[model_pb2.SectionResult]] = {}
+        error = ""
+        try:
+            async with asyncio.timeout(timeout if timeout is not None else self.timeout):
+                for section in sections:
+                    future = await self._register(section, None)
+                    if future is not None:
+                        futures[section.id] = future
+                if futures and window > 0:
+                    await asyncio.wait(futures.values(), timeout=window)
+                if futures and not all(f.done() for f in futures.values()):
+                    await self.drain(affinity)
+                if futures:
+                    await asyncio.wait(futures.values())
+        except (ParleyError, TimeoutError) as exc:
+            error = getattr(exc, "code", "TIMEOUT")
+            log.info("ask_together fell back", affinity=affinity, error=error)
+        results: dict[str, model_pb2.SectionResult] = {}
+        for section in sections:
+            future = futures.get(section.id)
+            if future is not None and future.done() and not future.cancelled() and not future.exception():
+                results[section.id] = future.result()
+                continue
+            self._first.pop(section.id, None)
+            results[section.id] = model_pb2.SectionResult(
+                section_id=section.id,
+                agent_id=section.agent_id,
+                affinity=affinity,
+                fields=dict(section.fallback),
+                fallback_used=True,
+                error=error or "DUPLICATE_SECTION",
+            )
+        if futures:  # once delivered they are history: keep the gateway's table small
+            with contextlib.suppress(ParleyError, TimeoutError):
+                await self.gateway.DisposeSections(
+                    model_pb2.DisposeSectionsRequest(agent_id=self.agent_id, section_ids=list(futures))
+                )
+        return results
 
     async def on_drain(
         self,

@@ -94,8 +94,11 @@ class RuntimeApi(AdminApi):
             document = yaml.safe_load(text)  # JSON is YAML too
         except yaml.YAMLError as exc:
             raise errors.CHARACTER_INVALID("character is neither JSON nor YAML") from exc
-        agent = await self.directory.save(parse_character(document, "character"))
-        return self.agent_message(agent)
+        character = parse_character(document, "character")
+        agent = await self.directory.save(character)
+        reply = self.agent_message(agent)
+        reply.warnings.extend(character.warnings)
+        return reply
 
     async def SetAgentEnabled(self, request: runtime_pb2.SetAgentEnabledRequest) -> runtime_pb2.Agent:
         agent = await self.find_agent(request.agent_id)

@@ -33,6 +33,7 @@ from .character import load_characters
 from .config import RuntimeSettings
 from .custom.executor import CustomActionSettings, Executor, load_config_file
 from .documents.api import DocumentsApi
+from .documents.character_knowledge import CharacterKnowledge
 from .documents.store import DocumentStore
 from .secrets import SecretBox, check_salt
 from .store import MIGRATIONS_DIR, SCHEMA, RuntimeStore
@@ -40,6 +41,7 @@ from .tasks import ensure_tasks, runtime_workers
 from .turn.approvals import Approvals
 from .turn.confirmations import CLAIMED, SETTLED, Confirmations
 from .turn.control import CancelTurnApi, TurnControl
+from .turn.evaluation import EvaluatorBatchers
 from .turn.ports import Events, Inbox, Model, Outbox, Ports
 from .turn.processor import TurnProcessor
 from .turn.services import Resources
@@ -101,7 +103,12 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
     )
     bus, rpc = host.bus, host.rpc
     authz = AuthzClient(rpc, timeout=s.authz_timeout_seconds)
-    model = Model(ModelGatewayClient(rpc, timeout=s.model_timeout_seconds))
+    batchers = EvaluatorBatchers(bus, timeout=s.model_timeout_seconds) if s.evaluator_batching else None
+    model = Model(
+        ModelGatewayClient(rpc, timeout=s.model_timeout_seconds),
+        batchers,
+        batch_window=s.evaluator_batch_window_ms / 1000,
+    )
     ports = Ports(
         model=model,
         outbox=Outbox(bus),
@@ -112,6 +119,12 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
         chunks=ChunkPublisher(bus),
     )
     resources = Resources(store, DocumentStore(host.db), model, Approvals(authz, store))
+    # The characters' knowledge texts become their agents' documents, in the background.
+    knowledge = CharacterKnowledge(resources.documents, model.embed)
+    directory.on_loaded(knowledge.on_loaded)
+    for served in directory.agents.values():
+        knowledge.load(served.id, served.character)
+    host.on_stop("character knowledge", lambda: knowledge.drain(5))
     metrics = TurnMetrics(host.registry)
     running = RunningTurns()
     control = TurnControl(bus, running)
@@ -223,3 +236,5 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
     scheduler = SchedulerClient(rpc, timeout=5)
     host.loop("runtime tasks", lambda: ensure_tasks(scheduler, [a.id for a in directory.agents.values()]))
     host.on_stop("evaluators", lambda: turns.drain(5))
+    if batchers is not None:  # after the evaluators: they use it
+        host.on_stop("evaluator batchers", batchers.close)

@@ -4,20 +4,34 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+
+from parley_clients.character_files import inline_knowledge
 
 from . import errors, ids
 from .custom.definitions import CustomActionDef
+from .eliza import normalize
 
 
 class MessageExample(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
     text: str
+    actions: list[str] = Field(default_factory=list)
+
+
+class KnowledgeItem(BaseModel):
+    """A text of the character's knowledge: it becomes one of the agent's documents."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field(min_length=1, max_length=512_000)
+    path: str = ""  # where it came from, for a file entry
+    shared: bool = False  # elizaOS's flag, kept; the document is global to the agent either way
 
 
 class Character(BaseModel):
@@ -28,22 +42,30 @@ class Character(BaseModel):
     username: str = ""
     system: str = ""
     bio: list[str] = Field(default_factory=list)
+    lore: list[str] = Field(default_factory=list)
     style: dict[str, list[str]] = Field(default_factory=dict)
     topics: list[str] = Field(default_factory=list)
     adjectives: list[str] = Field(default_factory=list)
     message_examples: list[list[MessageExample]] = Field(default_factory=list, alias="messageExamples")
+    post_examples: list[str] = Field(default_factory=list, alias="postExamples")
+    knowledge: list[KnowledgeItem] = Field(default_factory=list)
     settings: dict[str, Any] = Field(default_factory=dict)
     secrets: dict[str, str] = Field(default_factory=dict)
     plugins: list[str] = Field(default_factory=list)
     templates: dict[str, str] = Field(default_factory=dict)
+    clients: list[str] = Field(default_factory=list)  # elizaOS 0.x; Parley's connectors serve them
+    model_provider: str = Field("", alias="modelProvider")  # kept; the model gateway decides
+    eliza_plugins: list[str] = Field(default_factory=list, alias="elizaPlugins")  # as written
+    extra: dict[str, Any] = Field(default_factory=dict)  # keys Parley does not use, kept
     # Actions with an http, shell or code handler (parley_runtime/custom); only enabled ones are used.
     custom_actions: list[CustomActionDef] = Field(default_factory=list, alias="customActions")
     enabled: bool = True
+    _warnings: list[str] = PrivateAttr(default_factory=list)
 
-    @field_validator("bio", mode="before")
-    @classmethod
-    def _bio_as_list(cls, value: Any) -> Any:
-        return [value] if isinstance(value, str) else value
+    @property
+    def warnings(self) -> list[str]:
+        """What loading the document left out or kept unused (elizaOS plugins, keys, templates)."""
+        return list(self._warnings)
 
     @property
     def agent_id(self) -> uuid.UUID:
@@ -62,15 +84,18 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def parse_character(data: Any, origin: str = "character") -> Character:
+def parse_character(data: Any, origin: str = "character", extra_warnings: Sequence[str] = ()) -> Character:
     if not isinstance(data, dict):
         raise errors.CHARACTER_INVALID(f"{origin}: a character must be a mapping")
+    data, warnings = normalize(data)
     try:
-        return Character.model_validate(data)
+        character = Character.model_validate(data)
     except ValidationError as exc:
         raise errors.CHARACTER_INVALID(
             f"{origin}: {_describe(exc)}", hint="see characters/default.yaml for a valid example"
         ) from exc
+    character._warnings = [*extra_warnings, *warnings]
+    return character
 
 
 def load_character_file(path: Path) -> Character:
@@ -81,7 +106,9 @@ def load_character_file(path: Path) -> Character:
         raise errors.CHARACTER_INVALID(
             f"{path.name}: cannot read character file ({type(exc).__name__})"
         ) from exc
-    return parse_character(data, path.name)
+    # knowledge {path}/{directory} entries: read here, next to the file, never from a request
+    warnings = inline_knowledge(data, path.parent) if isinstance(data, dict) else []
+    return parse_character(data, path.name, warnings)
 
 
 def load_characters(directory: Path) -> list[Character]:

@@ -24,6 +24,12 @@ class RuntimeSettings(Settings):
     provider_timeout_seconds: float = Field(default=5.0, gt=0)
     # Store an embedding of every message (after the reply, through the model gateway).
     embed_messages: bool = True
+    # The evaluators of a turn that have prompt segments share one call through the model gateway's
+    # prompt batcher; false: each evaluator makes its own model call.
+    evaluator_batching: bool = True
+    # How long a turn's evaluator sections wait for a drain that packs them with other turns' of the
+    # room before the turn drains them itself (0: at once).
+    evaluator_batch_window_ms: int = Field(default=1000, ge=0, le=30_000)
     # Truthy enables, a non-empty falsy value disables, blank counts as unset; unset means on in
     # development and off under test and production.
     trajectory_logging: str | None = None

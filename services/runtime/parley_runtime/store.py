@@ -251,6 +251,30 @@ class RuntimeStore:
             what="remember",
         )
 
+    async def relate(
+        self,
+        *,
+        agent_id: uuid.UUID,
+        source_entity_id: uuid.UUID,
+        target_entity_id: uuid.UUID,
+        tags: Sequence[str],
+        metadata: dict[str, Any],
+    ) -> uuid.UUID:
+        row = await self.db.fetchone(
+            Q["reflect_relationship"],
+            {
+                "agent_id": agent_id,
+                "id": uuid.uuid5(agent_id, f"relationship:{source_entity_id}:{target_entity_id}"),
+                "source_entity_id": source_entity_id,
+                "target_entity_id": target_entity_id,
+                "tags": list(tags),
+                "metadata": Jsonb(metadata),
+            },
+            what="relate",
+        )
+        assert row is not None
+        return uuid.UUID(str(row["id"]))
+
     async def set_embedding(
         self, agent_id: uuid.UUID, memory_id: uuid.UUID, embedding: Sequence[float]
     ) -> None:

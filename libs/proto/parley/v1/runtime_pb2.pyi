@@ -424,12 +424,19 @@ class Agent(_message.Message):
     ENABLED_FIELD_NUMBER: _builtins.int
     BIO_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     name: _builtins.str
     enabled: _builtins.bool
     bio: _builtins.str
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """UpsertAgent only: what loading the character left out or kept unused (elizaOS plugins with no
+        Parley equivalent, unknown keys, templates no prompt uses, knowledge files not read).
+        """
+
     def __init__(
         self,
         *,
@@ -438,10 +445,11 @@ class Agent(_message.Message):
         enabled: _builtins.bool = ...,
         bio: _builtins.str = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
+        warnings: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bio", b"bio", "created_at", b"created_at", "enabled", b"enabled", "id", b"id", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bio", b"bio", "created_at", b"created_at", "enabled", b"enabled", "id", b"id", "name", b"name", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from parley.v1 import model_pb2, runtime_pb2
 from parley_clients.batcher import Field
 
+from .. import templating
 from ..character import Character
 from ..plugins.catalog import describe
 from ..sdk import Action
@@ -96,7 +97,7 @@ def think_prompt(character: Character, actions: Mapping[str, Action]) -> str:
     lines += [
         "Nobody has written to you: this is your own time to think. Decide whether to act now.",
         "Actions you may take (SEND_MESSAGE reaches a person: target <source>:<channel>):",
-        describe(list(actions.values())),
+        templating.names(describe(list(actions.values())), character.name),
     ]
     return "\n".join(line for line in lines if line)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from parley_platform.errors import ParleyError
 
+from .. import templating
 from ..documents.knowledge import knowledge
 from ..sdk import (
     Action,
@@ -25,6 +26,8 @@ from ..sdk import (
 from .reflection import reflection
 
 IDEMPOTENT = frozenset({Tag.IDEMPOTENT})
+EXAMPLE_CONVERSATIONS = 5
+EXAMPLE_POSTS = 5
 
 
 async def _reply(ctx: TurnContext, params: dict[str, Any], callback: Callback) -> ActionResult:
@@ -121,6 +124,8 @@ async def _character(ctx: TurnContext) -> ProviderResult:
     parts = [f"# About {c.name}"]
     if c.bio:
         parts.append(" ".join(c.bio))
+    if c.lore:
+        parts.append("Lore: " + " ".join(c.lore))
     if c.topics:
         parts.append("Topics: " + ", ".join(c.topics))
     if c.adjectives:
@@ -128,9 +133,11 @@ async def _character(ctx: TurnContext) -> ProviderResult:
     style = [*c.style.get("all", []), *c.style.get("chat", [])]
     if style:
         parts.append("Style: " + "; ".join(style))
-    for example in c.message_examples[:3]:
-        parts.append("Example:\n" + "\n".join(f"{m.name}: {m.text}" for m in example))
-    return ProviderResult("\n".join(parts), values={"agentName": c.name})
+    for example in templating.example_lines(c, EXAMPLE_CONVERSATIONS):
+        parts.append("Example:\n" + example)
+    if c.post_examples:
+        parts.append("Posts in your voice:\n" + "\n".join(f"- {p}" for p in c.post_examples[:EXAMPLE_POSTS]))
+    return ProviderResult(templating.names("\n".join(parts), c.name), values={"agentName": c.name})
 
 
 async def _recent_messages(ctx: TurnContext) -> ProviderResult:
@@ -141,8 +148,12 @@ async def _recent_messages(ctx: TurnContext) -> ProviderResult:
 
 
 async def _actions(ctx: TurnContext) -> ProviderResult:
-    catalog = await ctx.services.action_catalog()
-    return ProviderResult("# Available actions\n" + catalog)
+    catalog = templating.names(await ctx.services.action_catalog(), ctx.character.name)
+    names = [line[2:].split(":", 1)[0] for line in catalog.splitlines() if line.startswith("- ")]
+    return ProviderResult(
+        "# Available actions\n" + catalog,
+        values={"actionNames": "Possible response actions: " + ", ".join(names)},
+    )
 
 
 async def _entities(ctx: TurnContext) -> ProviderResult:
@@ -216,6 +227,11 @@ basic_capabilities = Plugin(
             _send_message,
             similes=("MESSAGE", "DM"),
             tags=IDEMPOTENT,
+            examples=(
+                "{{user1}}: tell the ops channel the deploy is done\n"
+                "{{agentName}}: <actions>SEND_MESSAGE</actions><params><SEND_MESSAGE>"
+                "<target>ops</target><text>The deploy is done.</text></SEND_MESSAGE></params>",
+            ),
             parameters=(
                 Parameter("target", "the channel id to send to", required=True, aliases=("channel", "to")),
                 Parameter("text", "what to send", required=True, aliases=("message",)),

@@ -59,8 +59,11 @@ def permission_error(action: Action, ctx: TurnContext) -> str | None:
     return None
 
 
+MAX_EXAMPLES = 2  # per action: enough to show the form, few enough to keep the prompt short
+
+
 def describe(actions: Sequence[Action]) -> str:
-    """The action catalog as the model sees it."""
+    """The action catalog as the model sees it, each action's examples under it."""
     lines = []
     for action in sorted(actions, key=lambda a: a.name):
         line = f"- {action.name}: {action.description}"
@@ -73,4 +76,6 @@ def describe(actions: Sequence[Action]) -> str:
             )
             line += f" params: {params}"
         lines.append(line)
+        for example in action.examples[:MAX_EXAMPLES]:
+            lines.append("  Example:\n" + "\n".join(f"    {part}" for part in example.splitlines()))
     return "\n".join(lines)

@@ -1,57 +1,138 @@
-"""REFLECTION: after a reply, the facts and relationships worth remembering about the people in
-the conversation."""
+"""REFLECTION: after a reply, what is worth remembering: lasting facts about the people in the
+conversation (``facts`` memories), relationships between them (the agent's relationship rows,
+with tags), and a short reflection on the conversation (a ``reflections`` memory).
+
+Its question is a prompt segment: one section of the turn's batched evaluator call (see
+turn/evaluation.py). A character's ``templates.reflectionTemplate`` replaces the question.
+Without the batcher the same question is asked on its own."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
+from .. import templating
 from ..agent_settings import setting_bool
-from ..sdk import ActionResult, Evaluator, TurnContext
+from ..sdk import ActionResult, Evaluator, EvaluatorPrompt, TurnContext
 from .arguments import json_object
 
 REFLECTION_PROMPT = """# Reflection
-You are {name}. Read the conversation and list new, lasting facts worth remembering about the people in it
-(preferences, names, plans), and relationships between them. Skip small talk and anything already known.
+You are {{agentName}}. Read the conversation and note what is worth remembering: new, lasting facts
+about the people in it (preferences, names, plans), relationships between them, and a short
+reflection on how the conversation went. Skip small talk and anything already known.
 
 Conversation:
-{conversation}
-
-Answer with one JSON object only:
-{{"facts": ["..."], "relationships": [{{"source": "...", "target": "...", "kind": "..."}}]}}
+{{recentMessages}}
 """
-
-
+FIELDS = (
+    "facts: the new facts as a JSON array of strings, [] when there are none",
+    'relationships: relationships between the people, as a JSON array of {"source": name, '
+    '"target": name, "tags": [words such as friend, colleague, sibling]}, [] when there are none',
+    "reflection: one or two sentences on what you noticed in this conversation",
+)
+FALLBACK = {"facts": "[]", "relationships": "[]", "reflection": ""}
+JSON_ANSWER = """
+Answer with one JSON object only:
+{"facts": ["..."], "relationships": [{"source": "...", "target": "...", "tags": ["..."]}],
+ "reflection": "..."}
+"""
+TEMPLATE = "reflectionTemplate"
 REFLECTION_MIN_WORDS = 4
+MAX_ITEMS = 10
 
 
 async def _should_reflect(ctx: TurnContext) -> bool:
     """Reflect on messages that can carry a fact (not greetings or one-word answers), unless the
-    character turns it off with REFLECTION: false; each reflection is a model call."""
+    character turns it off with REFLECTION: false."""
     enabled = setting_bool(ctx.services.get_setting("REFLECTION"))
     words = len(ctx.message.text.split())
     from_agent = ctx.message.sender_id == ctx.agent_id  # its own words: a continuation, a thought
     return enabled is not False and words >= REFLECTION_MIN_WORDS and not ctx.is_autonomous and not from_agent
 
 
-async def _reflect(ctx: TurnContext) -> ActionResult:
+def _question(ctx: TurnContext) -> str:
     lines = [f"{line.name}: {line.text}" for line in ctx.history[-8:]]
     lines.append(f"{ctx.message.sender_name}: {ctx.message.text}")
-    answer = await ctx.services.generate(
-        REFLECTION_PROMPT.format(name=ctx.character.name, conversation="\n".join(lines)),
-        small=True,
-        structured=True,
-    )
-    found = json_object(answer) or {}
-    facts = [f.strip() for f in found.get("facts", []) if isinstance(f, str) and f.strip()][:10]
-    relationships = [r for r in found.get("relationships", []) if isinstance(r, dict)][:10]
-    for fact in facts:
+    template = ctx.character.templates.get(TEMPLATE) or REFLECTION_PROMPT
+    values = {"recentMessages": "\n".join(lines), "senderName": ctx.message.sender_name}
+    return templating.render(template, ctx.character, values)
+
+
+async def _segment(ctx: TurnContext) -> EvaluatorPrompt:
+    return EvaluatorPrompt(_question(ctx), FIELDS, FALLBACK)
+
+
+def _json_list(text: str) -> list[Any]:
+    try:
+        value = json.loads(text or "[]")
+    except json.JSONDecodeError:
+        # A model that wrote one item per line instead of JSON still said something.
+        return [line.strip("-• ").strip() for line in text.splitlines() if line.strip("-• ").strip()]
+    return value if isinstance(value, list) else []
+
+
+def _entities(ctx: TurnContext) -> dict[str, str]:
+    """The people of the room by each of their names (lower case), and the sender by theirs."""
+    found = {name.strip().lower(): p.entity_id for p in ctx.participants for name in p.names if name.strip()}
+    found[ctx.message.sender_name.strip().lower()] = str(ctx.message.sender_id)
+    return found
+
+
+async def _apply(ctx: TurnContext, fields: Mapping[str, str], fell_back: bool) -> ActionResult:
+    facts = [f.strip() for f in _json_list(fields.get("facts", "")) if isinstance(f, str) and f.strip()]
+    relationships = [r for r in _json_list(fields.get("relationships", "")) if isinstance(r, dict)]
+    reflection = str(fields.get("reflection") or "").strip()
+    for fact in facts[:MAX_ITEMS]:
         await ctx.services.remember("facts", fact, metadata={"source": "reflection"})
-    for rel in relationships:
-        text = f"{rel.get('source', '?')} {rel.get('kind', 'knows')} {rel.get('target', '?')}"
-        await ctx.services.remember(
-            "facts", text, metadata={"source": "reflection", "relationship": json.dumps(rel)}
-        )
-    return ActionResult(True, values={"facts": len(facts), "relationships": len(relationships)})
+    people = _entities(ctx)
+    related, unknown = 0, 0
+    for rel in relationships[:MAX_ITEMS]:
+        said = rel.get("tags")
+        raw: list[Any] = said if isinstance(said, list) else [rel.get("kind") or "knows"]
+        tags = sorted({str(t).strip().lower()[:40] for t in raw if str(t).strip()})
+        source = people.get(str(rel.get("source", "")).strip().lower())
+        target = people.get(str(rel.get("target", "")).strip().lower())
+        if source and target and source != target:
+            await ctx.services.relate(source, target, tags=tags, metadata={"source": "reflection"})
+            related += 1
+        else:  # someone who is not an entity of this agent: kept as a fact, as said
+            unknown += 1
+            text = f"{rel.get('source', '?')} is {', '.join(tags)} of {rel.get('target', '?')}"
+            await ctx.services.remember(
+                "facts", text, metadata={"source": "reflection", "relationship": json.dumps(rel)}
+            )
+    if reflection:
+        await ctx.services.remember("reflections", reflection[:2000], metadata={"source": "reflection"})
+    return ActionResult(
+        True,
+        values={
+            "facts": len(facts[:MAX_ITEMS]),
+            "relationships": related,
+            "relationships_as_facts": unknown,
+            "reflection": bool(reflection),
+            "fallback": fell_back,
+        },
+    )
 
 
-reflection = Evaluator("REFLECTION", _reflect, "extracts facts and relationships", _should_reflect)
+async def _reflect(ctx: TurnContext) -> ActionResult:
+    """The same question on its own, when the batcher is not used."""
+    answer = await ctx.services.generate(_question(ctx) + JSON_ANSWER, small=True, structured=True)
+    found = json_object(answer) or {}
+    fields = {
+        "facts": json.dumps(found.get("facts", [])),
+        "relationships": json.dumps(found.get("relationships", [])),
+        "reflection": str(found.get("reflection") or ""),
+    }
+    return await _apply(ctx, fields, False)
+
+
+reflection = Evaluator(
+    "REFLECTION",
+    _reflect,
+    "remembers facts, relationships between people and a reflection on the conversation",
+    _should_reflect,
+    segment=_segment,
+    apply=_apply,
+)

@@ -89,6 +89,17 @@ class RuntimeServices(Protocol):
         self, kind: str, text: str, *, metadata: Mapping[str, Any] | None = None
     ) -> uuid.UUID: ...
 
+    async def relate(
+        self,
+        source_entity_id: str,
+        target_entity_id: str,
+        *,
+        tags: Sequence[str],
+        metadata: Mapping[str, Any] | None = None,
+    ) -> uuid.UUID:
+        """Record a relationship between two entities of the agent (tags merged with what was known)."""
+        ...
+
     async def generate(self, prompt: str, *, small: bool = False, structured: bool = False) -> str:
         """Ask the model; ``structured`` for JSON/object answers (the OBJECT_* model types)."""
         ...

@@ -131,11 +131,33 @@ class Provider:
 
 
 @dataclass(frozen=True)
+class EvaluatorPrompt:
+    """An evaluator's part of the turn's one batched model call (its prompt segment): the request,
+    the answer's fields (each a string; name them, or ``name: description``), and what the
+    evaluator receives in their place when the batcher could not get a valid answer."""
+
+    prompt: str
+    fields: tuple[str, ...]
+    fallback: Mapping[str, str] = field(default_factory=dict)
+    large: bool = False  # the large model (default: the small one)
+
+
+@dataclass(frozen=True)
 class Evaluator:
+    """What an agent learns after a turn. With ``segment`` and ``apply``, the evaluator's question is
+    one section of the turn's batched call (every such evaluator of the turn in one model call) and
+    ``apply`` gets its fields; without them ``handler`` runs on its own (and may call the model)."""
+
     name: str
     handler: Callable[[TurnContext], Awaitable[ActionResult | None]]
     description: str = ""
     validate: Validator | None = None
+    segment: Callable[[TurnContext], Awaitable[EvaluatorPrompt | None]] | None = None
+    apply: Callable[[TurnContext, Mapping[str, str], bool], Awaitable[ActionResult | None]] | None = None
+
+    @property
+    def batched(self) -> bool:
+        return self.segment is not None and self.apply is not None
 
 
 @dataclass(frozen=True)

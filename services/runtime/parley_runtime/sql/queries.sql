@@ -641,3 +641,12 @@ UPDATE runtime.world
                   END
  WHERE agent_id = %(agent_id)s AND id = %(world_id)s
 RETURNING id, metadata;
+-- reflect_relationship --
+-- REFLECTION's relationship between two entities of the agent: one row per (source, target), its
+-- tags and metadata merged with what was known (the table of operator administration).
+INSERT INTO runtime.relationship (agent_id, id, source_entity_id, target_entity_id, tags, metadata)
+VALUES (%(agent_id)s, %(id)s, %(source_entity_id)s, %(target_entity_id)s, %(tags)s, %(metadata)s)
+ON CONFLICT (agent_id, source_entity_id, target_entity_id) DO UPDATE
+   SET tags = ARRAY(SELECT DISTINCT unnest(relationship.tags || excluded.tags) ORDER BY 1),
+       metadata = relationship.metadata || excluded.metadata, updated_at = now()
+RETURNING id;

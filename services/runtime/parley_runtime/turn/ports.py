@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from parley.v1 import model_pb2, runtime_pb2
 from parley.v1.authz_nats import AuthzClient
 from parley.v1.model_nats import ModelGatewayClient
+from parley_clients.batcher import BatcherClient
 from parley_clients.pairing import PairingGate
 from parley_platform.bus import Bus
 from parley_platform.errors import ParleyError
@@ -35,10 +36,19 @@ MODEL_TYPES = {
 
 
 class Model:
-    """Text and embeddings from the model gateway."""
+    """Text and embeddings from the model gateway, and (``batchers``) its prompt batcher's client
+    per agent, through which the evaluators of a turn share one call; None: each on its own."""
 
-    def __init__(self, gateway: ModelGatewayClient) -> None:
+    def __init__(
+        self,
+        gateway: ModelGatewayClient,
+        batchers: Callable[[uuid.UUID], BatcherClient] | None = None,
+        *,
+        batch_window: float = 0.0,
+    ) -> None:
         self.gateway = gateway
+        self.batchers = batchers
+        self.batch_window = batch_window  # seconds a turn's evaluators wait to share a drain
 
     async def generate(
         self,

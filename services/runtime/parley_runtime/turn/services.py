@@ -70,6 +70,22 @@ class TurnServices:
         )
         return memory_id
 
+    async def relate(
+        self,
+        source_entity_id: str,
+        target_entity_id: str,
+        *,
+        tags: Sequence[str],
+        metadata: Mapping[str, Any] | None = None,
+    ) -> uuid.UUID:
+        return await self.r.store.relate(
+            agent_id=self.agent.id,
+            source_entity_id=uuid.UUID(source_entity_id),
+            target_entity_id=uuid.UUID(target_entity_id),
+            tags=tags,
+            metadata=dict(metadata or {}),
+        )
+
     async def generate(self, prompt: str, *, small: bool = False, structured: bool = False) -> str:
         return await self.r.model.generate(
             self.agent.id, [Segment(prompt, stable=False)], small=small, structured=structured

@@ -1,5 +1,6 @@
 """after-reply: the message and reply embeddings and the evaluators, in the background once the
-reply is delivered; they never delay or fail a turn."""
+reply is delivered; they never delay or fail a turn. The evaluators with prompt segments share one
+batched model call (turn/evaluation.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from parley_platform.logging import get_logger
 
 from ... import ids
 from ...store import RuntimeStore
+from ..evaluation import Evaluations
 from ..pipeline import Stage, Stop
 from ..ports import Model
 from ..state import Turn
@@ -48,12 +50,14 @@ class AfterReply(Stage):
         *,
         embed_messages: bool,
         trajectory_logging: bool,
+        evaluator_timeout: float = 60.0,
     ) -> None:
         self.store = store
         self.model = model
         self.background = background
         self.embed_messages = embed_messages
         self.trajectory_logging = trajectory_logging
+        self.evaluator_timeout = evaluator_timeout
 
     async def run(self, turn: Turn) -> Stop | None:
         if turn.outcome in ("replied", "ignored"):
@@ -83,22 +87,10 @@ class AfterReply(Stage):
             )
 
     async def _evaluate(self, turn: Turn) -> None:
+        model = self.model
+        evaluations = Evaluations(model.batchers, timeout=self.evaluator_timeout, window=model.batch_window)
+        results = await evaluations.run(turn)
         agent = turn.agent
-        results = {}
-        for evaluator in agent.catalog.evaluators:
-            try:
-                if evaluator.validate is not None and not await evaluator.validate(turn.ctx):
-                    continue
-                result = await evaluator.handler(turn.ctx)
-                results[evaluator.name] = result.to_json() if result else None
-            except Exception as exc:
-                log.warning(
-                    "evaluator failed",
-                    evaluator=evaluator.name,
-                    agent_id=str(agent.id),
-                    error=agent.redactor.redact(f"{type(exc).__name__}: {exc}"),
-                )
-                results[evaluator.name] = {"success": False, "error": f"{type(exc).__name__}"}
         if self.trajectory_logging and results:
             with contextlib.suppress(ParleyError):
                 await self.store.add_trajectory(

@@ -5,7 +5,9 @@ IGNORE memory in reply to the message."""
 
 from __future__ import annotations
 
-from ... import ids
+import re
+
+from ... import ids, templating
 from ...agent_settings import setting_list
 from ...names import PRIVATE_ROOMS
 from ...parser import parse_response
@@ -25,6 +27,8 @@ Answer with exactly:
 <response><name>{name}</name><reasoning>one sentence</reasoning>
 <action>RESPOND|IGNORE|STOP</action></response>
 """
+TEMPLATE = "shouldRespondTemplate"
+BRACKETED = re.compile(r"\[(RESPOND|IGNORE|STOP)\]", re.IGNORECASE)
 
 
 class ShouldRespond(Stage):
@@ -79,11 +83,27 @@ class ShouldRespond(Stage):
         conversation = "".join(f"{h.name}: {h.text}\n" for h in ctx.history[-10:])
         conversation += f"{message.sender_name}: {message.text}\n"
         large = str(agent.setting("SHOULD_RESPOND_MODEL") or "small").lower() == "large"
-        prompt = PROMPT.format(name=agent.character.name, conversation=conversation)
+        template = agent.character.templates.get(TEMPLATE)
+        if template:  # the character's own (elizaOS's placeholders)
+            values = {
+                "providers": conversation,
+                "recentMessages": conversation,
+                "senderName": message.sender_name,
+            }
+            prompt = templating.render(template, agent.character, values)
+        else:
+            prompt = PROMPT.format(name=agent.character.name, conversation=conversation)
         answer = await self.model.generate(agent.id, [Segment(prompt, stable=False)], small=not large)
         parsed = parse_response(answer)
         decision = (parsed.fields.get("action", "") if parsed else "").strip().upper()
+        if not decision:  # elizaOS 0.x templates answer [RESPOND], [IGNORE] or [STOP]
+            bracketed = BRACKETED.search(answer)
+            decision = bracketed[1].upper() if bracketed else ""
         turn.trajectory["should_respond"] = {"model": "large" if large else "small", "output": answer[:2000]}
+        if template:
+            turn.trajectory["should_respond"]["template"] = TEMPLATE
+            if self.trajectory_logging:
+                turn.trajectory["should_respond"]["prompt"] = prompt[:8000]
         if decision == "RESPOND":
             return True, "model"
         return False, f"model:{decision.lower() or 'unparsable'}"
