@@ -51,6 +51,7 @@ SPEC = ServiceSpec(
     schema=SCHEMA,
     migrations=MIGRATIONS_DIR,
     standard_streams=True,
+    depends_on=("model", "authz", "pairing"),
 )
 
 
@@ -167,6 +168,7 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
             concurrency=s.turn_concurrency,
             metrics=host.messaging,
             on_exhausted=turns.exhausted,
+            dependencies=host.dependencies,
         ),
     )
     # Approved actions run, and confirmed conversations continue, on whichever replica receives
@@ -187,6 +189,7 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
                 registry.before_turns(confirmations.on_event),
                 concurrency=16,
                 metrics=host.messaging,
+                dependencies=host.dependencies,
             ),
         )
     workers = runtime_workers(store, model.embed)
