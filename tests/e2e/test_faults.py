@@ -20,8 +20,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 RATE = 4.0  # DMs a second: the machine is shared
 # PARLEY_MAX_DELIVER=3: before the outage classification, 3 deliveries of (a 10 s pool timeout +
-# backoff) dead-lettered every message held by a PostgreSQL outage of about 32 s; 40 s exceeds that.
-LONG_OUTAGE = 40.0
+# backoff) dead-lettered every message held by a PostgreSQL outage of about 32 s; 45 s exceeds that.
+LONG_OUTAGE = 45.0
 SERVICE_OUTAGE = 8.0
 RESULTS: list[Result] = []
 

@@ -48,6 +48,7 @@ AGENT = "faults"
 AGENT_ID = str(uuid.uuid5(AGENT_NAMESPACE, f"agent:{AGENT}"))
 SOURCE = "discord"  # a connector's DM: the pairing gate is asked
 SENDER = "loadgen"
+DEFAULT_CHARACTER = Path(__file__).resolve().parents[3] / "characters" / "default.yaml"
 SERVICES = {  # module -> the settings prefix of its ports
     "parley_gateway": "GATEWAY",
     "parley_pairing": "PAIRING",
@@ -71,7 +72,8 @@ class Result:
     def row(self) -> str:
         return (
             f"| {self.fault} | {self.published} | {self.answered_once} | {self.duplicated} | "
-            f"{self.dead_lettered} | {self.unanswered} | {self.outage_seconds:.0f} s | {self.drain_seconds:.1f} s |"
+            f"{self.dead_lettered} | {self.unanswered} | {self.outage_seconds:.0f} s "
+            f"| {self.drain_seconds:.1f} s |"
         )
 
 
@@ -107,8 +109,7 @@ class Rig:
         await self.pg_proxy.start()
         characters = self.root / "characters"
         characters.mkdir(exist_ok=True)
-        default = Path(__file__).resolve().parents[3] / "characters" / "default.yaml"
-        character = yaml.safe_load(default.read_text())
+        character = yaml.safe_load(DEFAULT_CHARACTER.read_text())
         character.update(name=AGENT, settings={"DM_POLICY": "allowlist"})
         (characters / f"{AGENT}.yaml").write_text(yaml.safe_dump(character))
         self.env = {
