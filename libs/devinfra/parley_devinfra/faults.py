@@ -216,7 +216,7 @@ class Load:
         stream = self.bus.subjects.stream("OUTBOUND")
         subject = self.bus.subjects.outbound(AGENT_ID, SOURCE)
         try:
-            last = (await self.bus.js.get_last_msg(stream, subject)).seq
+            last = (await self.bus.js.get_last_msg(stream, subject)).seq or 0
         except nats.js.errors.NotFoundError:
             return
         if last <= self._read_to:
