@@ -19,16 +19,16 @@ from parley_devinfra.faults import HEADER, Result, Rig, run_scenario, scenarios
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 RATE = 4.0  # DMs a second: the machine is shared
-# PARLEY_MAX_DELIVER=3: before the outage classification, 3 deliveries of (a 10 s pool timeout +
-# backoff) dead-lettered every message held by a PostgreSQL outage of about 32 s; 45 s exceeds that.
-LONG_OUTAGE = 45.0
+# PARLEY_MAX_DELIVER=2: before the outage classification, 2 deliveries of (a 10 s pool timeout +
+# backoff) dead-lettered every message held by a PostgreSQL outage of about 21 s; 30 s exceeds that.
+LONG_OUTAGE = 30.0
 SERVICE_OUTAGE = 8.0
 RESULTS: list[Result] = []
 
 
 @pytest.fixture(scope="module")
 async def rig(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
-    running = Rig(tmp_path_factory.mktemp("faults"), settings={"PARLEY_MAX_DELIVER": "3"})
+    running = Rig(tmp_path_factory.mktemp("faults"), settings={"PARLEY_MAX_DELIVER": "2"})
     try:
         yield await running.start()
     finally:

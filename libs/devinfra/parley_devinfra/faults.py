@@ -98,8 +98,11 @@ class Rig:
             self.root / "nats", log_file=self.root / "logs" / "nats.log", config_file=auth_dir / CONFIG_FILE
         )
         self.nats.start()
-        # PostgreSQL refuses to run as root: its folder must be reachable by user postgres.
-        self.pg_root = Path(tempfile.mkdtemp(prefix="parley-faults-pg-"))
+        # PostgreSQL refuses to run as root: its folder must be reachable by user postgres (not
+        # under a 0700 TMPDIR of a test's).
+        self.pg_root = Path(
+            tempfile.mkdtemp(prefix="parley-faults-pg-", dir="/tmp" if os.geteuid() == 0 else None)
+        )
         self.pg_root.chmod(0o711)
         self.pg = EmbeddedPostgres(self.pg_root / "data", log_file=self.pg_root / "postgres.log")
         self.pg.start()
@@ -344,8 +347,7 @@ def scenarios(rig: Rig, long_outage: float, service_outage: float) -> dict[str, 
         rig.processes["parley_pairing"].stop()
 
     async def start_authz_pairing() -> None:
-        await rig.start_service("parley_pairing")
-        await rig.start_service("parley_authz")
+        await asyncio.gather(rig.start_service("parley_pairing"), rig.start_service("parley_authz"))
 
     flaky = asyncio.Event()
 
