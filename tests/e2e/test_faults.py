@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from parley_devinfra.faults import HEADER, Result, Rig, run_scenario, scenarios
+from parley_devinfra.faults import HEADER, Result, Rig, dependency_up, health, run_scenario, scenarios
+from parley_platform.testing import ServiceProcess, eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -51,7 +52,22 @@ async def rig(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
 )
 async def test_every_message_is_answered_once_through_the_fault(rig: Rig, fault: str) -> None:
     cause, recover, outage = scenarios(rig, LONG_OUTAGE, SERVICE_OUTAGE)[fault]
-    result = await run_scenario(rig, fault, cause, recover, outage=outage, rate=RATE, drain_timeout=150)
+    reported: list[str] = []
+
+    async def postgres_reported_down() -> None:
+        """While PostgreSQL is down every service says so: NOT_SERVING, parley_dependency_up 0."""
+        for name, process in rig.processes.items():
+
+            async def down(process: ServiceProcess = process) -> bool:
+                return dependency_up(process, "postgres") == 0.0 and await health(process) == "NOT_SERVING"
+
+            await eventually(down, timeout=20, what=f"{name} to report PostgreSQL down")
+            reported.append(name)
+
+    during = postgres_reported_down if fault == "postgres_down_long" else None
+    result = await run_scenario(
+        rig, fault, cause, recover, outage=outage, rate=RATE, drain_timeout=150, during=during
+    )
     RESULTS.append(result)
     logs = "\n".join(f"{name}: {p.log(15)}" for name, p in rig.processes.items())
     assert result.published >= RATE * 4, (result, logs)
@@ -59,3 +75,7 @@ async def test_every_message_is_answered_once_through_the_fault(rig: Rig, fault:
     assert result.duplicated == 0, (result, logs)
     assert result.unanswered == 0, (result, logs)
     assert result.answered_once == result.published
+    if during is not None:
+        assert sorted(reported) == sorted(rig.processes)
+        for process in rig.processes.values():
+            assert await health(process) == "SERVING"

@@ -18,18 +18,22 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import secrets
 import shutil
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import grpc
 import nats.js.errors
 import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from parley.v1 import pairing_pb2, runtime_pb2
@@ -279,15 +283,18 @@ async def run_scenario(
     before: float = 3.0,
     after: float = 3.0,
     drain_timeout: float = 120.0,
+    during: Step | None = None,
 ) -> Result:
-    """Load for ``before`` s, ``cause``, ``outage`` s of load, ``recover``, ``after`` s of load,
-    then wait (up to ``drain_timeout``) until every published message is answered."""
+    """Load for ``before`` s, ``cause``, ``outage`` s of load (then ``during``), ``recover``,
+    ``after`` s of load, then wait (up to ``drain_timeout``) until every published message is answered."""
     load = Load(rig.bus, rate, f"{fault}-{secrets.token_hex(3)}")
     publishing = asyncio.create_task(load.publish(before + outage + after))
     await asyncio.sleep(before)
     down_at = time.monotonic()
     await cause()
     await asyncio.sleep(max(0.0, outage - (time.monotonic() - down_at)))
+    if during is not None:
+        await during()  # checks made while the fault lasts
     await recover()
     recovered = time.monotonic()
     await publishing
@@ -377,6 +384,22 @@ def scenarios(rig: Rig, long_outage: float, service_outage: float) -> dict[str, 
         "authz_pairing_stopped": (stop_authz_pairing, start_authz_pairing, service_outage),
         "proxy_latency_and_drops": (degrade, heal, service_outage),
     }
+
+
+async def health(process: ServiceProcess) -> str:
+    """The overall status on the process's gRPC health endpoint (SERVING, NOT_SERVING)."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{process.grpc_port}") as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+def dependency_up(process: ServiceProcess, dependency: str) -> float | None:
+    """``parley_dependency_up{dependency}`` on the process's metrics endpoint."""
+    key = next(k for k in process.env if k.endswith("_METRICS_PORT") and k.startswith("PARLEY_"))
+    with urllib.request.urlopen(f"http://127.0.0.1:{process.env[key]}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    found = re.search(rf'^parley_dependency_up\{{dependency="{dependency}"\}} ([0-9.e+]+)$', text, re.M)
+    return float(found.group(1)) if found else None
 
 
 def summary(results: list[Result]) -> str:
