@@ -9,7 +9,8 @@ sender is allowlisted, so every turn asks pairing and the model gateway, and wri
 
 ``run_scenario`` publishes at a steady rate before, during and after a fault, then waits for the
 backlog to drain, and reports: messages published (acked by JetStream), answered once,
-duplicated, dead-lettered, unanswered, and the time from recovery to the last first reply.
+duplicated, dead-lettered, unanswered, and the drain time: from recovery until every message
+published up to recovery has its reply.
 ``tests/e2e/test_faults.py`` runs every scenario briefly; ``bench/faults.py`` at full length.
 """
 
@@ -306,7 +307,9 @@ async def run_scenario(
         await asyncio.sleep(0.5)
     await asyncio.sleep(1.0)  # a late duplicate would show up here
     await load.read_replies()
-    last = max((load.first_reply[m] for m in load.published if m in load.first_reply), default=recovered)
+    # The backlog is what was published up to recovery: drained when the last of it is answered.
+    backlog = [m for m, at in load.published.items() if at <= recovered]
+    last = max((load.first_reply[m] for m in backlog if m in load.first_reply), default=recovered)
     return Result(
         fault=fault,
         published=len(load.published),
