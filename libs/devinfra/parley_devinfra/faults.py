@@ -17,6 +17,7 @@ published up to recovery has its reply.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -32,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import grpc
+import nats.errors
 import nats.js.errors
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -247,6 +249,13 @@ class Load:
         finally:
             await sub.unsubscribe()
 
+    async def follow(self, interval: float = 0.25) -> None:
+        """Read replies as they come (a read that fails while NATS is away is tried again)."""
+        while True:
+            with contextlib.suppress(ParleyError, TimeoutError, nats.errors.Error):
+                await self.read_replies()
+            await asyncio.sleep(interval)
+
     def unanswered(self) -> int:
         return sum(1 for m in self.published if self.replies[m] == 0)
 
@@ -290,6 +299,7 @@ async def run_scenario(
     ``after`` s of load, then wait (up to ``drain_timeout``) until every published message is answered."""
     load = Load(rig.bus, rate, f"{fault}-{secrets.token_hex(3)}")
     publishing = asyncio.create_task(load.publish(before + outage + after))
+    reading = asyncio.create_task(load.follow())  # replies timed as they come, not at the end
     await asyncio.sleep(before)
     down_at = time.monotonic()
     await cause()
@@ -299,6 +309,9 @@ async def run_scenario(
     await recover()
     recovered = time.monotonic()
     await publishing
+    reading.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reading
     deadline = time.monotonic() + drain_timeout
     while True:
         await load.read_replies()
