@@ -97,6 +97,13 @@ class Rig:
     processes: dict[str, ServiceProcess] = field(default_factory=dict)
 
     async def start(self) -> Rig:
+        try:
+            return await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> Rig:
         self.namespace = f"f{secrets.token_hex(4)}"
         auth_dir = self.root / AUTH_DIR
         auth_dir.mkdir(parents=True, exist_ok=True)
@@ -169,15 +176,20 @@ class Rig:
         self.pg._run([pg_ctl, "-D", str(self.pg.data_dir), "-m", mode, "-w", "stop"], "pg_ctl stop", 60)
 
     async def stop(self) -> None:
+        """Stop whatever was started (also after a start that failed half-way)."""
         for process in reversed(list(self.processes.values())):
             process.stop()
         if getattr(self, "bus", None) is not None:
             await self.bus.close()
-        await self.nats_proxy.stop()
-        await self.pg_proxy.stop()
-        self.nats.stop()
-        self.pg.stop()
-        shutil.rmtree(self.pg_root, ignore_errors=True)
+        for proxy in ("nats_proxy", "pg_proxy"):
+            if hasattr(self, proxy):
+                await getattr(self, proxy).stop()
+        if hasattr(self, "nats"):
+            self.nats.stop()
+        if hasattr(self, "pg"):
+            self.pg.stop()
+        if hasattr(self, "pg_root"):
+            shutil.rmtree(self.pg_root, ignore_errors=True)
 
 
 class Load:
