@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from parley_devinfra.faults import health
 from parley_platform.testing import eventually
 from support import Suite, inbound, inbound_settled, publish_inbound, replies_to, stream_messages
 
@@ -116,6 +117,9 @@ async def test_turns_wait_for_a_provider_whose_circuit_is_open(
             return dependency_up(runtime.env["PARLEY_RUNTIME_METRICS_PORT"], "model") == 0.0
 
         await eventually(model_down, timeout=30, what="the runtime to report the model missing")
+        # Not ready (overall NOT_SERVING), still alive (its own service SERVING: no restart loop).
+        assert await health(runtime) == "NOT_SERVING"
+        assert await health(runtime, "parley.v1.Runtime") == "SERVING"
         await asyncio.sleep(6)  # several circuit resets and probes: still held
         assert provider.calls["ok"] == 0
         assert provider.calls["refused"] >= 2
@@ -135,6 +139,7 @@ async def test_turns_wait_for_a_provider_whose_circuit_is_open(
         for message in messages:
             assert len(await replies_to(bus, message)) == 1
         assert dependency_up(runtime.env["PARLEY_RUNTIME_METRICS_PORT"], "model") == 1.0
+        assert await health(runtime) == "SERVING"
         assert await stream_messages(bus, bus.subjects.dead(bus.subjects.stream("INBOUND"))) == []
     finally:
         await bus.close()

@@ -414,10 +414,13 @@ def scenarios(rig: Rig, long_outage: float, service_outage: float) -> dict[str, 
     }
 
 
-async def health(process: ServiceProcess) -> str:
-    """The overall status on the process's gRPC health endpoint (SERVING, NOT_SERVING)."""
+async def health(process: ServiceProcess, service: str = "") -> str:
+    """The status on the process's gRPC health endpoint (SERVING, NOT_SERVING): overall (what
+    readiness reads), or of one of its services (what liveness reads)."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{process.grpc_port}") as channel:
-        reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        reply = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=5
+        )
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
 
 
