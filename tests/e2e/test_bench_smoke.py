@@ -87,6 +87,11 @@ RUNS: dict[str, tuple[list[str], set[str], set[str]]] = {
         {"calls_per_turn_unbatched", "calls_per_turn_batched", "ratio_batched_to_floor"},
         {"model_calls_per_turn", "turn_p50_ms"},
     ),
+    "faults.py": (
+        ["--rate", "2", "--only", "nats_sigkill", "--before", "1", "--after", "1", "--drain-timeout", "60"],
+        {"answered_ratio_min", "ratio_to_floor_min", "floor_answered_ratio", "scenarios"},
+        {"results", "dead_lettered_total", "duplicated_total"},
+    ),
     "model_gateway.py": (
         ["--sequential", "50", "--concurrent", "100", "--in-flight", "8", "--local-prompts", "1"],
         {"overhead_ratio_p50_sequential", "throughput_ratio_concurrent"},

@@ -26,7 +26,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from parley.v1 import common_pb2, pairing_pb2, pairing_pb2_grpc
-from parley_clients.pairing import FULL_REPLY, UNAVAILABLE_REPLY, Admission, DmPolicy, PairingGate
+from parley_clients.pairing import FULL_REPLY, Admission, DmPolicy, PairingGate
 from parley_devinfra.infra import free_port
 from parley_platform.bus import Bus
 from parley_platform.errors import InvalidArgument, NotFound, ParleyError
@@ -719,10 +719,11 @@ async def test_the_gate_fails_closed_when_pairing_does_not_answer(
         replica.process.kill()
         for policy in (DmPolicy.PAIRING, DmPolicy.ALLOWLIST):
             for sender in ("ok", "stranger"):
-                admission = await gate.admit(
-                    agent_id=agent, channel="discord", sender_id=sender, policy=policy
-                )
-                assert admission == Admission(False, "unavailable", UNAVAILABLE_REPLY)
+                # Closed, and the caller told to wait for pairing (its consumer holds the message).
+                with pytest.raises(ParleyError) as failed:
+                    await gate.admit(agent_id=agent, channel="discord", sender_id=sender, policy=policy)
+                assert failed.value.code == "DEPENDENCY_UNAVAILABLE"
+                assert failed.value.dependency == "pairing"
         # Open needs no answer from anyone.
         assert (
             await gate.admit(agent_id=agent, channel="discord", sender_id="x", policy=DmPolicy.OPEN)

@@ -15,8 +15,10 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
 import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from parley.v1 import pairing_pb2, runtime_pb2
 from parley.v1.pairing_nats import PairingClient
@@ -24,7 +26,16 @@ from parley_platform import permissions
 from parley_platform.bus import Bus
 from parley_platform.rpc import RpcClient
 from parley_platform.testing import eventually
-from support import ROOT, SessionEnv, Suite, inbound, inbound_settled, publish_inbound, replies_to
+from support import (
+    ROOT,
+    SessionEnv,
+    Suite,
+    inbound,
+    inbound_settled,
+    publish_inbound,
+    replies_to,
+    stream_messages,
+)
 
 PARLEY = str(Path(sys.executable).parent / "parley")
 
@@ -152,13 +163,46 @@ async def test_a_connector_claiming_autonomy_still_meets_the_pairing_gate(flow: 
         await connector.close()
 
 
-async def test_pairing_service_down_fails_closed(flow: Flow) -> None:
+async def test_pairing_service_down_fails_closed_and_the_message_waits(flow: Flow) -> None:
+    """Pairing stopped: the DM is not served (no model call, no reply), the runtime reports
+    NOT_SERVING and parley_dependency_up{dependency="pairing"} 0; pairing started again: the
+    held message is answered once (the pairing challenge), nothing dead-lettered."""
     pairing = flow.suite.others[0]
     pairing.stop()
     calls = flow.large_model_calls()
+    runtime = flow.suite.runtime
     message = await flow.dm(f"late{secrets.token_hex(3)}", "let me in")
-    [reply] = await eventually(
-        lambda: replies_to(flow.bus, message), timeout=30, what="the unavailable reply"
-    )
-    assert "temporarily unavailable" in reply.text
+
+    async def pairing_down() -> bool:
+        return runtime_metric(runtime.env["PARLEY_RUNTIME_METRICS_PORT"], "pairing") == 0.0
+
+    await eventually(pairing_down, timeout=30, what="the runtime to report pairing down")
+    assert await health(runtime.grpc_port) == "NOT_SERVING"
+    await asyncio.sleep(3)  # several probe intervals: still held, not answered, not failed
+    assert await replies_to(flow.bus, message) == []
     assert flow.large_model_calls() == calls
+
+    await flow.suite.add_service("parley_pairing", "PAIRING")
+    [challenge] = await eventually(
+        lambda: replies_to(flow.bus, message), timeout=30, what="the pairing reply after pairing is back"
+    )
+    assert "parley pairing approve discord" in challenge.text
+    await eventually(lambda: inbound_settled(flow.bus), timeout=20, what="the held message acked")
+    assert len(await replies_to(flow.bus, message)) == 1
+    assert flow.large_model_calls() == calls
+    assert await health(runtime.grpc_port) == "SERVING"
+    dead = await stream_messages(flow.bus, flow.bus.subjects.dead(flow.bus.subjects.stream("INBOUND")))
+    assert dead == []
+
+
+def runtime_metric(port: str, dependency: str) -> float | None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    found = re.search(rf'^parley_dependency_up\{{dependency="{dependency}"\}} ([0-9.e+]+)$', text, re.M)
+    return float(found.group(1)) if found else None
+
+
+async def health(port: int) -> str:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)

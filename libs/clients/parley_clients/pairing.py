@@ -2,7 +2,9 @@
 
 - ``DmPolicy`` and ``PairingGate``: who may talk to an agent in a DM. The runtime
   asks the gate before a turn; the gate calls the pairing service over NATS and
-  fails closed when it does not answer.
+  fails closed when it does not answer: it raises DEPENDENCY_UNAVAILABLE (dependency
+  ``pairing``), so the runtime's consumer holds the message until pairing is back instead of
+  serving it or losing it.
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ def dm_policy(value: object, field: str = "dm_policy") -> DmPolicy:
     raise codes.INVALID_DM_POLICY(f"{field} must be one of {choices}")
 
 
-UNAVAILABLE_REPLY = "Pairing is temporarily unavailable, so I cannot answer you yet. Please try again later."
 FULL_REPLY = (
     "I can't take new contacts on this channel right now: too many requests are waiting for approval. "
     "Please try again later."
@@ -58,7 +59,7 @@ class Admission:
     """The gate's decision about one inbound DM."""
 
     serve: bool  # run the turn as usual
-    # open, allowed | closed, not_allowed, pairing_code, pairing_full, pairing_told, rejected, unavailable
+    # open, allowed | closed, not_allowed, pairing_code, pairing_full, pairing_told, rejected
     reason: str
     reply: str | None = None  # what to answer instead of a turn; None: stay silent
     code: str | None = None  # the sender's pairing code, when there is one
@@ -70,7 +71,8 @@ class PairingGate:
     With policy ``pairing`` an unknown sender gets a request and code, and the
     reply carrying the code at most once per TTL window (the service's claim),
     however many messages they send and however many runtime replicas handle
-    them. Any failure to get an answer fails closed: the sender is not served.
+    them. Any failure to get an answer fails closed: the sender is not served, and the gate raises
+    DEPENDENCY_UNAVAILABLE so that the message waits for pairing.
     """
 
     def __init__(self, rpc: RpcClient, *, timeout: float = 2.0) -> None:
@@ -115,13 +117,15 @@ class PairingGate:
             return Admission(False, "rejected")
         except ParleyError as exc:
             log.warning(
-                "pairing gate failed closed",
+                "pairing gate failed closed; the message waits for pairing",
                 agent_id=agent_id,
                 channel=channel,
                 code=exc.code,
                 error=exc.message,
             )
-            return Admission(False, "unavailable", UNAVAILABLE_REPLY)
+            unavailable = codes.DEPENDENCY_UNAVAILABLE(f"pairing did not answer ({exc.code})")
+            unavailable.dependency = "pairing"
+            raise unavailable from exc
         if not claim.claimed:
             return Admission(False, "pairing_told", code=claim.code or None)
         if not claim.code:

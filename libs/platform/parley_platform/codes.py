@@ -133,6 +133,18 @@ JETSTREAM_UNAVAILABLE = define(
     hint="is the server started with -js?",
 )
 NATS_ERROR = define("NATS_ERROR", Kind.INTERNAL, "An unexpected NATS error.", hint="see the service log")
+DEAD_LETTER_NOT_FOUND = define(
+    "DEAD_LETTER_NOT_FOUND",
+    Kind.NOT_FOUND,
+    "No dead letter has that sequence (it was replayed and handled, or purged).",
+    hint="`parley dead list` shows the dead letters there are",
+)
+DEPENDENCY_UNAVAILABLE = define(
+    "DEPENDENCY_UNAVAILABLE",
+    Kind.UNAVAILABLE,
+    "A service the handling needs did not answer; the message waits for it (it is not dead-lettered).",
+    hint="see parley_dependency_up: the named dependency is down",
+)
 
 # Development infrastructure (make run, the tests)
 INFRA_UNAVAILABLE = define(

@@ -1,10 +1,13 @@
 """The pull-consumer loop: explicit ack, backoff, max_deliver, dead letters.
 
 A handler returns normally → ack. It raises ``Poison`` → the message goes to
-the dead-letter stream with the reason and is terminated. Anything else → it
-is nak'ed with a delay growing with its delivery count, and on the last
-allowed delivery it is dead-lettered instead. Cancellation never acks: the
-message is redelivered after ``ack_wait``.
+the dead-letter stream with the reason and is terminated. It fails because a
+dependency is unavailable (``parley_platform.outage``) → the message is held
+without spending a delivery and the consumer stops fetching until the
+dependency is back, however long that takes. Anything else → it is nak'ed with
+a delay growing with its delivery count, and on the last allowed delivery it is
+dead-lettered instead. Cancellation never acks: the message is redelivered
+after ``ack_wait``.
 
 A process that dies holding a message's last allowed delivery never gets to
 dead-letter it; JetStream then announces the message with a max-deliveries
@@ -28,7 +31,7 @@ import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import nats.errors
@@ -39,6 +42,7 @@ from .bus import MSG_ID, Bus, ConsumerSpec, standard_streams, translate_nats_err
 from .errors import Kind, ParleyError
 from .logging import get_logger
 from .metrics import MessagingMetrics
+from .outage import Dependencies, outage_of
 from .retry import Backoff
 
 log = get_logger(__name__)
@@ -48,6 +52,8 @@ DEAD_STREAM = "Parley-Dead-Stream"
 DEAD_SUBJECT = "Parley-Dead-Subject"
 DEAD_SEQUENCE = "Parley-Dead-Sequence"
 DEAD_DELIVERIES = "Parley-Dead-Deliveries"
+DEAD_CONSUMER = "Parley-Dead-Consumer"
+DEAD_MSG_ID = "Parley-Dead-Msg-Id"  # the original Nats-Msg-Id: a replay publishes under it again
 
 
 class Poison(Exception):
@@ -71,6 +77,12 @@ class Delivery:
     stream_sequence: int
     msg_id: str
     stream_epoch: int = 0  # microseconds since 1970 at which the stream was created
+    retries: int = 0  # handled again in this process after a dependency came back (no delivery spent)
+
+    @property
+    def redelivered(self) -> bool:
+        """Handled before (another delivery, or a retry after an outage): earlier work may exist."""
+        return self.num_delivered > 1 or self.retries > 0
 
     @property
     def position(self) -> tuple[int, int]:
@@ -120,8 +132,10 @@ class PullConsumer:
         fetch_timeout: float = 1.0,
         on_exhausted: Exhausted | None = None,
         check_interval: float = 5.0,
+        dependencies: Dependencies | None = None,
     ) -> None:
         self.bus = bus
+        self.dependencies = dependencies or Dependencies()
         self.on_exhausted = on_exhausted
         self.check_interval = check_interval
         self.stream_epoch = 0
@@ -138,6 +152,7 @@ class PullConsumer:
         self._stopping = asyncio.Event()
         self._label = spec.stream
         self._advisories: Any = None
+        self._held: dict[int, str] = {}  # stream sequence → the dependency its last retry waited for
 
     async def start(self) -> None:
         await self._bind()
@@ -186,6 +201,12 @@ class PullConsumer:
     async def _loop(self) -> None:
         checked = time.monotonic()
         while not self._stopping.is_set():
+            if self.dependencies.missing():
+                # Paused: fetching would only hand out messages that cannot be handled. The held
+                # messages probe; a dependency nobody waits on any more is forgotten.
+                if not await self.dependencies.wait_all_up(self.fetch_timeout):
+                    self.dependencies.unheld(after=self.dependencies.backoff.cap * 2)
+                continue
             free = self.concurrency - len(self._tasks)
             if free <= 0:
                 await self._slots.acquire()
@@ -235,7 +256,19 @@ class PullConsumer:
             self.metrics.received.labels(self._label).inc()
             self.metrics.inflight.labels(self._label).inc()
         try:
-            await self._with_heartbeat(delivery)
+            while True:
+                try:
+                    await self._with_heartbeat(delivery)
+                except Exception as exc:
+                    missing = outage_of(exc)
+                    if missing is None or self._stopping.is_set():
+                        raise
+                    await self._hold(delivery, missing, exc)
+                    delivery = replace(delivery, retries=delivery.retries + 1)
+                    continue
+                if delivery.retries:
+                    self._back(delivery)
+                break
             await msg.ack()
         except asyncio.CancelledError:
             outcome = "cancelled"
@@ -244,8 +277,16 @@ class PullConsumer:
             outcome = "dead"
             await self.dead_letter(delivery, poison.reason, poison.label)
         except Exception as exc:
+            if delivery.retries and outage_of(exc) is None:
+                self._back(delivery)
             reason = str(exc) if isinstance(exc, ParleyError) else f"{type(exc).__name__}: {exc}"
-            if is_permanent(exc):
+            if outage_of(exc) is not None:
+                # Stopping while a dependency is away: hand the message back for later (one
+                # delivery spent), never to the dead letters.
+                outcome = "nak"
+                with contextlib.suppress(nats.errors.Error):
+                    await msg.nak(delay=self.backoff.delay(delivery.num_delivered))
+            elif is_permanent(exc):
                 outcome = "dead"
                 await self.dead_letter(delivery, f"permanent failure: {reason}", "permanent")
             elif delivery.num_delivered >= self.spec.max_deliver:
@@ -277,6 +318,27 @@ class PullConsumer:
             if self.metrics:
                 self.metrics.inflight.labels(self._label).dec()
                 self.metrics.processed.labels(self._label, outcome).observe(time.perf_counter() - started)
+
+    async def _hold(self, delivery: Delivery, missing: str, exc: Exception) -> None:
+        """Hold the message (heartbeating, no delivery spent) until it should retry."""
+        self.dependencies.down(missing, str(exc)[:300])
+        self._held[delivery.stream_sequence] = missing
+        held = self.dependencies.metrics.held.labels(self._label) if self.dependencies.metrics else None
+        if held is not None:
+            held.inc()
+        try:
+            await self.dependencies.hold(
+                missing, delivery.in_progress, max(0.1, min(5.0, self.spec.ack_wait_seconds / 3))
+            )
+        finally:
+            if held is not None:
+                held.dec()
+
+    def _back(self, delivery: Delivery) -> None:
+        """A held message's retry got past its dependency (done, or failed on its own): it is back."""
+        missing = self._held.pop(delivery.stream_sequence, None)
+        if missing is not None:
+            self.dependencies.up(missing)
 
     async def _with_heartbeat(self, delivery: Delivery) -> None:
         """Run the handler, telling the server every third of ``ack_wait`` that work goes on,
@@ -328,7 +390,10 @@ class PullConsumer:
             DEAD_SUBJECT: subject,
             DEAD_SEQUENCE: str(sequence),
             DEAD_DELIVERIES: str(deliveries),
+            DEAD_CONSUMER: self.spec.durable,
         }
+        if msg_id:
+            headers[DEAD_MSG_ID] = msg_id
         # One dead letter per message, whichever path (or replica) writes it.
         dead_id = msg_id or f"{self.spec.stream}:{sequence}"
         attempt = 0

@@ -56,6 +56,9 @@ class ParleyError(Exception):
     kind: ClassVar[Kind] = Kind.INTERNAL
     default_code: ClassVar[str] = "INTERNAL"
     retryable: ClassVar[bool] = False
+    # The unavailable dependency (a service's NATS name, "postgres", "nats") when the failure is
+    # that something else is down rather than this request being wrong (parley_platform.outage).
+    dependency: str | None = None
 
     def __init__(
         self, message: str, *, code: str | None = None, hint: str = "", retryable: bool | None = None

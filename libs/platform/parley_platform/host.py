@@ -27,6 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Generic, Protocol, TypeVar
 
+from grpc_health.v1 import health_pb2
 from prometheus_client import CollectorRegistry
 
 from . import codes
@@ -36,12 +37,17 @@ from .grpcserver import GrpcServer, ServerTls, start_grpc_server
 from .lifecycle import run_app, shutdown_in_order
 from .logging import get_logger
 from .metrics import MessagingMetrics, MetricsServer, serve
+from .outage import Dependencies
 from .postgres import Database, migrate
 from .rpc import RpcClient, RpcServer
 from .service import grpc_binding, nats_name, register_nats
 from .settings import Settings
 
 log = get_logger(__name__)
+
+PROBE_INTERVAL = 2.0  # seconds between the host's probes of PostgreSQL and NATS
+PROBE_TIMEOUT = 5.0
+PROBE_FAILURES = 2  # consecutive failed probes before a dependency is reported down
 
 S = TypeVar("S", bound=Settings)
 Step = Callable[[], Awaitable[object]]
@@ -64,6 +70,8 @@ class ServiceSpec:
     migrations: Path | None = None
     standard_streams: bool = False  # make sure INBOUND, OUTBOUND, EVENTS and DEAD exist
     grpc_timeout: float = 60.0  # the longest a gRPC call may take, whatever the caller's deadline
+    # The services it calls over NATS: their parley_dependency_up gauges exist from the start.
+    depends_on: tuple[str, ...] = ()
 
 
 @dataclass
@@ -107,6 +115,11 @@ class ServiceHost(Generic[S]):
 
     def __post_init__(self) -> None:
         self.messaging = MessagingMetrics(self.registry)
+        known = ("nats", *(("postgres",) if self.spec.schema else ()), *self.spec.depends_on)
+        self.dependencies = Dependencies(self.registry, known=known)
+        self.dependencies.listen(self._report_health)
+        self._health_tasks: set[asyncio.Task[None]] = set()
+        self._failed_probes: dict[str, int] = {}
         self._db: Database | None = None
         self._bus: Bus | None = None
         self._apis: list[_Api] = []
@@ -165,6 +178,42 @@ class ServiceHost(Generic[S]):
         """A flush run after serving stopped and before NATS and the database close."""
         self._on_stop.append((name, step))
 
+    # -- dependencies ------------------------------------------------------------------------
+
+    def _report_health(self, missing: list[str]) -> None:
+        """NOT_SERVING (overall, the empty service name) while a dependency is missing."""
+        if self._grpc is None:
+            return
+        status = (
+            health_pb2.HealthCheckResponse.NOT_SERVING if missing else health_pb2.HealthCheckResponse.SERVING
+        )
+        task = asyncio.get_running_loop().create_task(self._grpc.health.set("", status))
+        self._health_tasks.add(task)
+        task.add_done_callback(self._health_tasks.discard)
+
+    async def _probe(self, name: str, check: Step) -> None:
+        try:
+            await check()
+        except ParleyError as exc:
+            failures = self._failed_probes.get(name, 0) + 1
+            self._failed_probes[name] = failures
+            if failures >= PROBE_FAILURES:
+                self.dependencies.down(name, str(exc)[:300], probed=True)
+            return
+        self._failed_probes[name] = 0
+        self.dependencies.up(name, how="probe")
+
+    async def _probe_infrastructure(self) -> None:
+        """PostgreSQL and NATS, watched by the host itself (the services it calls are found down
+        by the consumers whose messages need them)."""
+        if self._db is not None:
+            await self._probe("postgres", partial(self._db.ping, PROBE_TIMEOUT))
+        await self._probe("nats", self._nats_connected)
+
+    async def _nats_connected(self) -> None:
+        if not self.bus.nc.is_connected:
+            raise codes.NATS_UNAVAILABLE("not connected to NATS")
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -205,6 +254,7 @@ class ServiceHost(Generic[S]):
             getattr(s, spec.metrics_port),
             port_setting=f"PARLEY_{spec.metrics_port.upper()}",
         )
+        self.every("dependency probes", PROBE_INTERVAL, self._probe_infrastructure)
         for name, component in self._components:
             await component.start()
             self._started.append((name, component))

@@ -85,6 +85,14 @@ class Database:
     async def close(self) -> None:
         await self.pool.close()
 
+    async def ping(self, timeout: float = 5.0) -> None:
+        """One ``SELECT 1`` through the pool, waiting at most ``timeout`` for a connection."""
+        try:
+            async with self.pool.connection(timeout=timeout) as conn:
+                await conn.execute("SELECT 1")
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise translate(exc, "ping") from exc
+
     @asynccontextmanager
     async def connection(self, what: str = "database") -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         try:

@@ -25,6 +25,7 @@ from .bus import Bus, translate_nats_error
 from .errors import ParleyError
 from .logging import get_logger
 from .metrics import MessagingMetrics
+from .outage import mark_remote
 from .rpcstream import IDLE_SECONDS, StreamHandler, call_stream, serve_stream
 
 log = get_logger(__name__)
@@ -218,11 +219,11 @@ class RpcClient:
                 raise codes.NATS_PERMISSION_DENIED(
                     f"{service}.{method}: the NATS server does not let this identity call it"
                 ) from exc
-            raise translate_nats_error(exc, f"{service}.{method}") from exc
+            raise mark_remote(translate_nats_error(exc, f"{service}.{method}"), service) from exc
         status = (reply.headers or {}).get(STATUS)
         try:
             if status == "error":
-                raise ParleyError.from_proto(common_pb2.Error.FromString(reply.data))
+                raise mark_remote(ParleyError.from_proto(common_pb2.Error.FromString(reply.data)), service)
             if status != "ok":
                 raise codes.BAD_REPLY(f"{service}.{method}: reply without {STATUS} header")
             return response_type.FromString(reply.data)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from parley.v1 import actions_pb2, documents_pb2, runtime_pb2
+from parley.v1 import actions_pb2, dead_pb2, documents_pb2, runtime_pb2
 from parley.v1.authz_nats import AuthzClient
 from parley.v1.model_nats import ModelGatewayClient
 from parley.v1.scheduler_nats import SchedulerClient
 from parley_clients.pairing import PairingGate
 from parley_platform.bus import ConsumerSpec
 from parley_platform.consumer import PullConsumer
+from parley_platform.deadletters import DeadLetters
 from parley_platform.errors import ParleyError
 from parley_platform.host import ServiceHost, ServiceSpec
 from parley_platform.logging import get_logger
@@ -58,6 +59,7 @@ SPEC = ServiceSpec(
     schema=SCHEMA,
     migrations=MIGRATIONS_DIR,
     standard_streams=True,
+    depends_on=("model", "authz", "pairing"),
 )
 
 
@@ -188,6 +190,12 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
         "Documents",
     )
 
+    async def agent_id(ref: str) -> str | None:
+        agent = await directory.find(ref)
+        return str(agent.id) if agent else None
+
+    # The operator's: NATS permissions let no other identity publish to these subjects.
+    host.serve(DeadLetters(bus, agent_id), dead_pb2, "DeadLetters")
     plugin_services = PluginServices(
         directory, authz=authz, registry=host.registry, lease_ttl_ms=s.plugin_service_lease_ms
     )
@@ -209,6 +217,7 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
             concurrency=s.turn_concurrency,
             metrics=host.messaging,
             on_exhausted=turns.exhausted,
+            dependencies=host.dependencies,
         ),
     )
     # Approved actions run, and confirmed conversations continue, on whichever replica receives
@@ -229,6 +238,7 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
                 registry.before_turns(confirmations.on_event),
                 concurrency=16,
                 metrics=host.messaging,
+                dependencies=host.dependencies,
             ),
         )
     workers = runtime_workers(store, model.embed)

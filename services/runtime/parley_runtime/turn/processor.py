@@ -15,6 +15,7 @@ import time
 from parley_platform.consumer import Delivery, Poison, is_permanent
 from parley_platform.convert import uuid_or_none
 from parley_platform.logging import get_logger
+from parley_platform.outage import outage_of
 
 from ..agents.directory import AgentDirectory, AgentInfo
 from ..records import NewMessage
@@ -119,7 +120,10 @@ class TurnProcessor:
         try:
             outcome = await self._turn(delivery, message, agent, started)
         except Exception as exc:
-            if delivery.num_delivered >= self.settings.max_deliver or is_permanent(exc):
+            # An outage fails nothing: the consumer holds the message until the dependency is back.
+            if outage_of(exc) is None and (
+                delivery.num_delivered >= self.settings.max_deliver or is_permanent(exc)
+            ):
                 await self.store.finish_turn(
                     agent.id, message.turn_id, "failed", lease_token=None, error=str(exc)[:500]
                 )
@@ -186,7 +190,7 @@ class TurnProcessor:
         )
         self.metrics.stage.labels("ingest").observe(time.perf_counter() - started)
         if ingested.state is None:
-            if ingested.previous_state == "replied" and delivery.num_delivered > 1:
+            if ingested.previous_state == "replied" and delivery.redelivered:
                 # Redelivered after the replies were stored: they may not all have been published.
                 # Publish them again under their ids; JetStream drops the ones it has.
                 for stored in await self.store.list_replies(agent.id, message.turn_id):
