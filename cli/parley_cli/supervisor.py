@@ -77,7 +77,7 @@ class Supervisor:
         self.started_infra = False
         self.color = sys.stdout.isatty()
         self.pumps: set[asyncio.Task[None]] = set()
-        self.service_env: dict[str, dict[str, str]] = {}
+        self.model_env: dict[str, str] = {}
 
     def say(self, text: str) -> None:
         # A closed terminal or pipe must not stop the supervisor from shutting everything down.
@@ -102,8 +102,8 @@ class Supervisor:
             return 2
         try:
             # The default local model is joined from its packages on the first run (about a minute).
-            self.service_env["model-gateway"] = await asyncio.to_thread(
-                models.gateway_env, self.state, dict(os.environ), lambda text: self.say(f"parley run: {text}")
+            self.model_env = await asyncio.to_thread(
+                models.run_env, self.state, dict(os.environ), lambda text: self.say(f"parley run: {text}")
             )
         except models.ModelError as exc:
             self.say(f"parley run: {exc}")
@@ -123,6 +123,7 @@ class Supervisor:
             # for the embedded NATS; with PARLEY_NATS_URL they come from the environment.
             **(endpoints.nats_auth.services_env() if endpoints.nats_auth else {}),
             **os.environ,
+            **self.model_env,
             "PARLEY_NATS_URL": endpoints.nats_url,
             "PARLEY_DATABASE_URL": endpoints.database_url,
             "PARLEY_OPERATOR_TOKEN": token,
@@ -145,7 +146,6 @@ class Supervisor:
         spec.log = (self.logs / f"{spec.name}.log").open("a", buffering=1)
         env = {
             **self.env,
-            **self.service_env.get(spec.name, {}),
             spec.port_env: str(spec.grpc_port),
             spec.metrics_env: str(spec.metrics_port),
         }

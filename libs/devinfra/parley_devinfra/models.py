@@ -235,12 +235,13 @@ def ensure(
         return target
 
 
-def gateway_env(state: Path, environ: dict[str, str], say: Callable[[str], None]) -> dict[str, str]:
-    """What `parley run` adds to the gateway's environment for its local model.
+def run_env(state: Path, environ: dict[str, str], say: Callable[[str], None]) -> dict[str, str]:
+    """What `parley run` adds to its services' environment for the local model.
 
-    Nothing when the local model is not used or a GGUF path is given; otherwise the joined file of
-    ``PARLEY_LOCAL_MODEL`` (``smollm2`` keeps the gateway's packaged default), two llama.cpp threads
-    unless ``PARLEY_LOCAL_THREADS`` says otherwise, and the start-up warm-up.
+    Nothing when no model type is served locally. Otherwise two llama.cpp threads, the folder of
+    evaluated prompt prefixes, and a model timeout for the runtime that a cold prompt on two CPU
+    cores fits in (each unless set already); and, unless ``PARLEY_LOCAL_MODEL_PATH`` names a GGUF
+    file, the joined file of ``PARLEY_LOCAL_MODEL`` (``smollm2`` keeps the gateway's packaged one).
     """
     providers = [environ.get("PARLEY_MODEL_PROVIDER", "local")] + [
         environ.get(f"PARLEY_MODEL_PROVIDER_{kind}", "")
@@ -248,13 +249,16 @@ def gateway_env(state: Path, environ: dict[str, str], say: Callable[[str], None]
     ]
     if "local" not in providers:
         return {}
-    added = {"PARLEY_LOCAL_THREADS": environ.get("PARLEY_LOCAL_THREADS", "2")}
-    if environ.get("PARLEY_LOCAL_MODEL_PATH"):
-        return added
+    defaults = {
+        "PARLEY_LOCAL_THREADS": "2",
+        "PARLEY_LOCAL_PREFIX_CACHE_DIR": str((state / "models" / "prefixes").resolve()),
+        "PARLEY_MODEL_TIMEOUT_SECONDS": "120",
+    }
+    added = {name: value for name, value in defaults.items() if not environ.get(name)}
     key = environ.get("PARLEY_LOCAL_MODEL", DEFAULT_MODEL)
-    if key == PACKAGED:
+    if environ.get("PARLEY_LOCAL_MODEL_PATH") or key == PACKAGED:
         return added
-    return {**added, "PARLEY_LOCAL_MODEL_PATH": str(ensure(state, key, say=say))}
+    return {**added, "PARLEY_LOCAL_MODEL_PATH": str(ensure(state, key, say=say).resolve())}
 
 
 def describe(keys: Sequence[str] = tuple(MODELS)) -> list[str]:
