@@ -108,6 +108,9 @@ class Supervisor:
         except models.ModelError as exc:
             self.say(f"parley run: {exc}")
             return 1
+        if self.stopping.is_set():  # Ctrl-C while the model was joined: nothing else was started
+            self.say("parley run: stopped.")
+            return 0
         before = infra.status(self.state)
         endpoints = await asyncio.to_thread(
             infra.up,
