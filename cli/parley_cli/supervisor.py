@@ -22,7 +22,7 @@ from typing import TextIO
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from parley_devinfra import infra
+from parley_devinfra import infra, models
 from parley_platform.grpcserver import open_channel
 
 from . import config
@@ -77,6 +77,7 @@ class Supervisor:
         self.started_infra = False
         self.color = sys.stdout.isatty()
         self.pumps: set[asyncio.Task[None]] = set()
+        self.model_env: dict[str, str] = {}
 
     def say(self, text: str) -> None:
         # A closed terminal or pipe must not stop the supervisor from shutting everything down.
@@ -102,6 +103,17 @@ class Supervisor:
             self.say("parley run: ports already in use: " + "; ".join(busy))
             self.say("Stop what holds them (another `make run`?) or move them with the variables named.")
             return 2
+        try:
+            # The default local model is joined from its packages on the first run (about a minute).
+            self.model_env = await asyncio.to_thread(
+                models.run_env, self.state, dict(os.environ), lambda text: self.say(f"parley run: {text}")
+            )
+        except models.ModelError as exc:
+            self.say(f"parley run: {exc}")
+            return 1
+        if self.stopping.is_set():  # Ctrl-C while the model was joined: nothing else was started
+            self.say("parley run: stopped.")
+            return 0
         before = infra.status(self.state)
         endpoints = await asyncio.to_thread(
             infra.up,
@@ -117,6 +129,7 @@ class Supervisor:
             # for the embedded NATS; with PARLEY_NATS_URL they come from the environment.
             **(endpoints.nats_auth.services_env() if endpoints.nats_auth else {}),
             **os.environ,
+            **self.model_env,
             "PARLEY_NATS_URL": endpoints.nats_url,
             "PARLEY_DATABASE_URL": endpoints.database_url,
             "PARLEY_OPERATOR_TOKEN": token,
@@ -137,7 +150,11 @@ class Supervisor:
 
     async def start(self, spec: ServiceSpec, index: int) -> None:
         spec.log = (self.logs / f"{spec.name}.log").open("a", buffering=1)
-        env = {**self.env, spec.port_env: str(spec.grpc_port), spec.metrics_env: str(spec.metrics_port)}
+        env = {
+            **self.env,
+            spec.port_env: str(spec.grpc_port),
+            spec.metrics_env: str(spec.metrics_port),
+        }
         spec.process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",

@@ -92,6 +92,12 @@ RUNS: dict[str, tuple[list[str], set[str], set[str]]] = {
         {"answered_ratio_min", "ratio_to_floor_min", "floor_answered_ratio", "scenarios"},
         {"results", "dead_lettered_total", "duplicated_total"},
     ),
+    # SmolLM2 (135M, packaged): the score is not asserted, only that both paths ran and were counted.
+    "local_model.py": (
+        ["--model", "smollm2", "--questions", "2", "--threads", "1", "--timeout", "90"],
+        {"suite_tokens_per_s", "raw_tokens_per_s", "tokens_per_s_ratio_to_raw", "suite_first_reply_s"},
+        {"suite_score", "raw_score", "answers"},
+    ),
     "model_gateway.py": (
         ["--sequential", "50", "--concurrent", "100", "--in-flight", "8", "--local-prompts", "1"],
         {"overhead_ratio_p50_sequential", "throughput_ratio_concurrent"},

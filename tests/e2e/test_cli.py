@@ -165,3 +165,23 @@ def test_parley_run_brings_everything_up_and_ctrl_c_stops_it() -> None:
             supervisor.kill()
             supervisor.wait()
         infra.down(state)
+
+
+def test_parley_run_refuses_an_unknown_local_model_before_starting_anything(tmp_path: Path) -> None:
+    """The local model is settled first: a wrong PARLEY_LOCAL_MODEL stops `parley run` with the
+    choices, before any infrastructure or service is started."""
+    state = tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PARLEY_")}
+    env.update(
+        {service.grpc_env: str(free_port()) for service in config.SERVICES},
+        **{service.metrics_env: str(free_port()) for service in config.SERVICES},
+        PARLEY_STATE_DIR=str(state),
+        PARLEY_LOCAL_MODEL="gpt-5",
+    )
+    result = run(["run"], env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "unknown local model 'gpt-5' (PARLEY_LOCAL_MODEL)" in result.stdout
+    assert "qwen-1.5b, qwen-0.5b, smollm2" in result.stdout
+    assert "Parley is running" not in result.stdout
+    assert not (state / "logs").exists()
+    assert infra.read_endpoints(state) is None

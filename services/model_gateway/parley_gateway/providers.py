@@ -38,6 +38,8 @@ def build_providers(settings: GatewaySettings) -> tuple[dict[str, Provider], Emb
                 settings.local_model_path,
                 threads=settings.local_threads,
                 context_tokens=settings.local_context_tokens,
+                temperature=settings.local_temperature,
+                prefix_cache=settings.local_prefix_cache_dir,
             )
         elif name == "openai":
             made[name] = OpenAIProvider(
