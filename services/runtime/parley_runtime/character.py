@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from . import errors, ids
 from .custom.definitions import CustomActionDef
+from .mcp.definitions import SERVER_NAME, McpServerDef
 
 
 class MessageExample(BaseModel):
@@ -38,12 +39,22 @@ class Character(BaseModel):
     templates: dict[str, str] = Field(default_factory=dict)
     # Actions with an http, shell or code handler (parley_runtime/custom); only enabled ones are used.
     custom_actions: list[CustomActionDef] = Field(default_factory=list, alias="customActions")
+    # MCP servers whose tools become actions (parley_runtime/mcp, docs/mcp.md), by name.
+    mcp_servers: dict[str, McpServerDef] = Field(default_factory=dict, alias="mcpServers")
     enabled: bool = True
 
     @field_validator("bio", mode="before")
     @classmethod
     def _bio_as_list(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _server_names(cls, value: dict[str, McpServerDef]) -> dict[str, McpServerDef]:
+        for name in value:
+            if not SERVER_NAME.match(name):
+                raise ValueError(f"{name[:40]!r}: a letter, then up to 31 letters, digits, '_' or '-'")
+        return value
 
     @property
     def agent_id(self) -> uuid.UUID:
