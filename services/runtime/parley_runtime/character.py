@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from . import errors, ids
 from .custom.definitions import CustomActionDef
-from .mcp.definitions import SERVER_NAME, McpServerDef
+from .mcp_servers import SERVER_NAME, McpServerDef
 
 
 class MessageExample(BaseModel):

@@ -9,8 +9,8 @@ from typing import Any
 from parley.v1 import mcp_pb2
 
 from .. import errors
+from ..mcp_servers import McpServerDef, check_name, parse_server_text
 from .connection import McpConnection
-from .definitions import McpServerDef, check_name, parse_server_text
 from .registry import McpRegistry, action_name, needs_confirmation
 
 MAX_DEFINITION_CHARS = 64_000

@@ -27,8 +27,8 @@ from parley_platform.logging import get_logger
 
 from .. import errors
 from ..custom.ssrf import Guard
+from ..mcp_servers import McpServerDef
 from ..sdk import ServiceRun
-from .definitions import McpServerDef
 
 log = get_logger(__name__)
 

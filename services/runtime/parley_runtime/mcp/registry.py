@@ -25,10 +25,10 @@ from parley_platform.consumer import Delivery
 from parley_platform.logging import get_logger
 
 from ..custom.ssrf import Guard
+from ..mcp_servers import McpServerDef
 from ..plugins.catalog import Catalog
 from ..sdk import Action, ActionResult, Callback, Content, Parameter, Plugin, Tag, TurnContext
 from .connection import McpConnection
-from .definitions import McpServerDef
 
 log = get_logger(__name__)
 

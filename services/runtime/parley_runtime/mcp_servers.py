@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from parley_platform.errors import InvalidArgument
 
-from .. import errors
-from ..custom.definitions import SENSITIVE_HEADER
+from . import errors
+from .custom.definitions import SENSITIVE_HEADER
 
 SERVER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 SECRET = re.compile(r"\{\{secret:([A-Za-z_][A-Za-z0-9_]*)\}\}")
