@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -31,10 +33,12 @@ from ..mcp_servers import McpServerDef
 from ..sdk import ServiceRun
 
 log = get_logger(__name__)
+# The SDK's HTTP client logs every request (a ping every PING_SECONDS) at INFO.
+logging.getLogger("httpx2").setLevel(logging.WARNING)
 
 PING_SECONDS = 2.0
 FIRST_BACKOFF, MAX_BACKOFF, STEADY_SECONDS = 0.2, 30.0, 60.0
-START_WAIT_SECONDS = 15.0
+START_WAIT_SECONDS, START_ATTEMPTS = 15.0, 3
 
 
 class McpConnection:
@@ -65,7 +69,7 @@ class McpConnection:
         self.sessions = 0  # sessions opened so far: 2 or more means it was restarted
         self.session: ClientSession | None = None
         self._connected = asyncio.Event()
-        self._attempted = asyncio.Event()
+        self.attempts = 0  # sessions that ended (or never opened)
         self._stopping = asyncio.Event()
         self._broken = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -74,15 +78,18 @@ class McpConnection:
     # --- the plugin service -----------------------------------------------------------------------
 
     async def start(self, run: ServiceRun | None = None) -> None:
-        """Opens the first session; waits (a bounded time) for its tool list, so an agent's first
-        turn after the server is attached can use them. A server that cannot be reached is retried
-        in the background, its error kept for ``parley mcp list``."""
+        """Opens the first session; waits (a bounded time, and at most ``START_ATTEMPTS`` tries)
+        for its tool list, so an agent's first turn after the server is attached can use them. A
+        server that cannot be reached is retried in the background, its error kept for
+        ``parley mcp list``."""
         if self._task is not None:
             return
         self.state = "starting"
         self._task = asyncio.create_task(self._run(), name=self.name)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._attempted.wait(), START_WAIT_SECONDS)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + START_WAIT_SECONDS
+        while not self._connected.is_set() and self.attempts < START_ATTEMPTS and loop.time() < deadline:
+            await asyncio.sleep(0.02)
 
     async def stop(self) -> None:
         self._stopping.set()
@@ -121,6 +128,9 @@ class McpConnection:
             raise errors.MCP_UNAVAILABLE(
                 f"MCP server {self.server}: {self.redact(f'{type(exc).__name__}: {exc}')[:500]}"
             ) from None
+        if self._relists:
+            # The tool announced a changed tool list while it ran: the next turn sees the new one.
+            await asyncio.wait(set(self._relists), timeout=max(0.1, deadline - loop.time()))
         if not isinstance(result, types.CallToolResult):
             raise errors.MCP_UNAVAILABLE(f"MCP server {self.server} asked for input, which is not supported")
         return result
@@ -141,7 +151,7 @@ class McpConnection:
             finally:
                 self.session = None
                 self._connected.clear()
-                self._attempted.set()
+                self.attempts += 1
             if self._stopping.is_set():
                 return
             self.state = "restarting"
@@ -162,7 +172,6 @@ class McpConnection:
             self.sessions += 1
             self.session, self.state, self.error = session, "connected", ""
             self._connected.set()
-            self._attempted.set()
             log.info("MCP session open", service=self.name, tools=len(self.tools), sessions=self.sessions)
             while not self._broken.is_set():
                 with contextlib.suppress(TimeoutError):
@@ -180,9 +189,17 @@ class McpConnection:
             params = StdioServerParameters(
                 command=d.command, args=list(d.args), env=d.resolve(d.env, self.setting) or None
             )
-            with open("/dev/null", "w") as errlog:  # noqa: ASYNC230 - opened once per session
-                async with stdio_client(params, errlog=errlog) as streams:
-                    yield streams[0], streams[1]
+            # The server's stderr is kept (its end joins the error when the session ends).
+            with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as errlog:
+                try:
+                    async with stdio_client(params, errlog=errlog) as streams:
+                        yield streams[0], streams[1]
+                except BaseException as exc:
+                    errlog.seek(0)
+                    said = errlog.read()[-300:].strip()
+                    if said and not isinstance(exc, asyncio.CancelledError):
+                        raise ConnectionError(f"{_describe(exc)}; the server said: {said}") from exc
+                    raise
             return
         assert d.url is not None
         target = await self.guard.check(d.url)
