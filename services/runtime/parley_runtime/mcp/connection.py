@@ -70,6 +70,7 @@ class McpConnection:
         self.session: ClientSession | None = None
         self._connected = asyncio.Event()
         self.attempts = 0  # sessions that ended (or never opened)
+        self._changed = asyncio.Event()  # connected, or an attempt ended
         self._stopping = asyncio.Event()
         self._broken = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -88,8 +89,13 @@ class McpConnection:
         self._task = asyncio.create_task(self._run(), name=self.name)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + START_WAIT_SECONDS
-        while not self._connected.is_set() and self.attempts < START_ATTEMPTS and loop.time() < deadline:
-            await asyncio.sleep(0.02)
+        while not self._connected.is_set() and self.attempts < START_ATTEMPTS:
+            self._changed.clear()
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
 
     async def stop(self) -> None:
         self._stopping.set()
@@ -152,6 +158,7 @@ class McpConnection:
                 self.session = None
                 self._connected.clear()
                 self.attempts += 1
+                self._changed.set()
             if self._stopping.is_set():
                 return
             self.state = "restarting"
@@ -172,6 +179,7 @@ class McpConnection:
             self.sessions += 1
             self.session, self.state, self.error = session, "connected", ""
             self._connected.set()
+            self._changed.set()
             log.info("MCP session open", service=self.name, tools=len(self.tools), sessions=self.sessions)
             while not self._broken.is_set():
                 with contextlib.suppress(TimeoutError):
