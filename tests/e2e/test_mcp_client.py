@@ -44,12 +44,14 @@ class Notes:
     def __init__(self) -> None:
         self.erased: list[str] = []
         self.lookups: list[str] = []
+        self.authorizations: list[str] = []
         self.server = MCPServer("notes")
         read_only = ToolAnnotations(read_only_hint=True)
 
         @self.server.tool(description="Look up the notes on a topic.", annotations=read_only)
-        def lookup(topic: str) -> str:
+        def lookup(topic: str, ctx: Context) -> str:
             self.lookups.append(topic)
+            self.authorizations.append((ctx.headers or {}).get("authorization", ""))
             return f"notes on {topic}: MCP is how tools are shared"
 
         @self.server.tool(
@@ -221,6 +223,7 @@ async def test_mcp_servers_tools_are_actions(
             looked = await ask("please look up mcp")
             assert "MCP is how tools are shared" in looked.replies[0].text
             assert server.lookups == ["mcp"]
+            assert server.authorizations == ["Bearer notes-secret-value"]
 
             # A destructive tool waits for a person: asked, not run; approved, run once.
             erase = await ask("please erase the notes")
