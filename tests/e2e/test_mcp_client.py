@@ -179,9 +179,11 @@ async def test_mcp_servers_tools_are_actions(
                 timeout=10,
             )
 
-            async def ask(text: str) -> runtime_pb2.SendMessageResponse:
+            async def ask(text: str, channel: str = "") -> runtime_pb2.SendMessageResponse:
                 return await agents.SendMessage(
-                    runtime_pb2.SendMessageRequest(agent_id=AGENT, text=text, timeout_seconds=40),
+                    runtime_pb2.SendMessageRequest(
+                        agent_id=AGENT, text=text, timeout_seconds=40, channel_id=channel
+                    ),
                     metadata=auth,
                     timeout=60,
                 )
@@ -218,6 +220,18 @@ async def test_mcp_servers_tools_are_actions(
             assert children(runtime.process.pid, "mcp-server-time") not in ([], [pid])
             again = await ask("what time is it in Oslo, again?")
             assert json.loads(again.replies[0].text)["timezone"] == "Europe/Oslo"
+
+            # Racing turns (in rooms of their own) share the replica's one session: every call
+            # answered, no new session, one server process.
+            raced = await asyncio.gather(
+                *(ask(f"what time is it in Oslo, race {i}?", channel=f"race-{i}") for i in range(8))
+            )
+            assert all(json.loads(r.replies[0].text)["timezone"] == "Europe/Oslo" for r in raced)
+            listed = await mcp.ListMcpServers(
+                mcp_pb2.ListMcpServersRequest(agent_id=AGENT), metadata=auth, timeout=10
+            )
+            assert next(s for s in listed.servers if s.name == "time").sessions == 2
+            assert len(children(runtime.process.pid, "mcp-server-time")) == 1
 
             # Streamable HTTP: a read-only tool runs at once, with the agent's secret as its header.
             looked = await ask("please look up mcp")
