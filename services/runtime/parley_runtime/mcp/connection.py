@@ -25,6 +25,7 @@ from mcp.client.session import IncomingMessage
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
+from parley_platform.errors import ParleyError
 from parley_platform.logging import get_logger
 
 from .. import errors
@@ -70,6 +71,7 @@ class McpConnection:
         self.session: ClientSession | None = None
         self._connected = asyncio.Event()
         self.attempts = 0  # sessions that ended (or never opened)
+        self.refused = False
         self._changed = asyncio.Event()  # connected, or an attempt ended
         self._stopping = asyncio.Event()
         self._broken = asyncio.Event()
@@ -89,7 +91,7 @@ class McpConnection:
         self._task = asyncio.create_task(self._run(), name=self.name)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + START_WAIT_SECONDS
-        while not self._connected.is_set() and self.attempts < START_ATTEMPTS:
+        while not self._connected.is_set() and self.attempts < START_ATTEMPTS and not self.refused:
             self._changed.clear()
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -152,6 +154,8 @@ class McpConnection:
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # the SDK's task groups raise exception groups
+                # Refused by this side (the guard, stdio off, a missing secret): not worth waiting for.
+                self.refused = isinstance(exc, ParleyError)
                 self.error = self.redact(_describe(exc))[:500]
                 log.warning("MCP session ended", service=self.name, error=self.error)
             finally:
