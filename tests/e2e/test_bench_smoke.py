@@ -77,6 +77,11 @@ RUNS: dict[str, tuple[list[str], set[str], set[str]]] = {
         },
         set(),
     ),
+    "mcp.py": (
+        ["--calls", "10"],
+        {"ratio_to_floor", "action_p50_ms", "floor_p50_ms"},
+        {"rows"},
+    ),
     "documents.py": (
         ["--queries", "3", "--documents", "20"],
         {"operator_p50_ratio_to_floor", "stranger_p50_ratio_to_floor", "member_p50_ratio_to_floor"},

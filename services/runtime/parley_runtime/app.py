@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from parley.v1 import actions_pb2, dead_pb2, documents_pb2, runtime_pb2
+from parley.v1 import actions_pb2, dead_pb2, documents_pb2, mcp_pb2, runtime_pb2
 from parley.v1.authz_nats import AuthzClient
 from parley.v1.model_nats import ModelGatewayClient
 from parley.v1.scheduler_nats import SchedulerClient
@@ -36,6 +36,8 @@ from .custom.executor import CustomActionSettings, Executor, load_config_file
 from .documents.api import DocumentsApi
 from .documents.character_knowledge import CharacterKnowledge
 from .documents.store import DocumentStore
+from .mcp.api import McpApi
+from .mcp.registry import McpRegistry, McpSettings
 from .secrets import SecretBox, check_salt
 from .store import MIGRATIONS_DIR, SCHEMA, RuntimeStore
 from .tasks import ensure_tasks, runtime_workers
@@ -201,6 +203,18 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
     )
     ports.events.listeners.append(plugin_services.dispatch)
     host.component("plugin services", plugin_services)
+    mcp = McpRegistry(
+        directory,
+        McpSettings(
+            stdio_enabled=s.mcp_stdio,
+            confirm_destructive=s.mcp_confirm_destructive,
+            allow_hosts=tuple(h.strip() for h in s.mcp_allow_hosts.split(",") if h.strip()),
+            call_timeout=s.mcp_call_timeout_seconds,
+        ),
+        plugin_services.on_agent,
+    )
+    host.serve(McpApi(directory, mcp), mcp_pb2, "Mcp")
+    host.component("mcp", mcp)
     host.component("autonomy", autonomy)
     host.component(
         "consumer",
@@ -213,7 +227,7 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
                 ack_wait_seconds=s.ack_wait_seconds,
                 max_deliver=s.max_deliver,
             ),
-            registry.before_turns(turns.handle),
+            mcp.before_turns(registry.before_turns(turns.handle)),
             concurrency=s.turn_concurrency,
             metrics=host.messaging,
             on_exhausted=turns.exhausted,
@@ -235,7 +249,7 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
                     ack_wait_seconds=s.ack_wait_seconds,
                     max_deliver=s.max_deliver,
                 ),
-                registry.before_turns(confirmations.on_event),
+                mcp.before_turns(registry.before_turns(confirmations.on_event)),
                 concurrency=16,
                 metrics=host.messaging,
                 dependencies=host.dependencies,

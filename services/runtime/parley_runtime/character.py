@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from parley_clients.character_files import inline_knowledge
 
 from . import errors, ids
 from .custom.definitions import CustomActionDef
 from .eliza import normalize
+from .mcp_servers import SERVER_NAME, McpServerDef
 
 
 class MessageExample(BaseModel):
@@ -59,6 +60,8 @@ class Character(BaseModel):
     extra: dict[str, Any] = Field(default_factory=dict)  # keys Parley does not use, kept
     # Actions with an http, shell or code handler (parley_runtime/custom); only enabled ones are used.
     custom_actions: list[CustomActionDef] = Field(default_factory=list, alias="customActions")
+    # MCP servers whose tools become actions (parley_runtime/mcp, docs/mcp.md), by name.
+    mcp_servers: dict[str, McpServerDef] = Field(default_factory=dict, alias="mcpServers")
     enabled: bool = True
     _warnings: list[str] = PrivateAttr(default_factory=list)
 
@@ -66,6 +69,14 @@ class Character(BaseModel):
     def warnings(self) -> list[str]:
         """What loading the document left out or kept unused (elizaOS plugins, keys, templates)."""
         return list(self._warnings)
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _server_names(cls, value: dict[str, McpServerDef]) -> dict[str, McpServerDef]:
+        for name in value:
+            if not SERVER_NAME.match(name):
+                raise ValueError(f"{name[:40]!r}: a letter, then up to 31 letters, digits, '_' or '-'")
+        return value
 
     @property
     def agent_id(self) -> uuid.UUID:

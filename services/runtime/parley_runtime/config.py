@@ -43,6 +43,14 @@ class RuntimeSettings(Settings):
     custom_actions_shell: bool = False
     custom_actions_code: bool = False
     custom_actions_allow_hosts: str = ""
+    # MCP servers' tools as actions (parley_runtime/mcp, docs/mcp.md). Stdio servers run programs on
+    # this host, so they stay off unless enabled; streamable HTTP servers pass the http custom
+    # actions' SSRF guard, except the hosts allowed here (names, addresses or CIDR networks).
+    # Tools with destructiveHint wait for a person's confirmation unless this is false.
+    mcp_stdio: bool = False
+    mcp_allow_hosts: str = ""
+    mcp_confirm_destructive: bool = True
+    mcp_call_timeout_seconds: float = Field(default=30.0, gt=0, le=600)
     # The authz lease of a singleton plugin service: the replica holding it runs the service and
     # renews it every third of this; when that replica dies another takes over within this time.
     plugin_service_lease_ms: int = Field(default=10_000, ge=1_000, le=60_000)

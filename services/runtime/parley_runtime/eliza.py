@@ -51,6 +51,7 @@ KNOWN_KEYS = frozenset(
         "clients",
         "modelProvider",
         "customActions",
+        "mcpServers",
         "enabled",
         "extra",
         "elizaPlugins",

@@ -262,3 +262,33 @@ INVALID_CANCEL = define(
     "A CancelTurn request does not name a turn: it needs an agent id and a turn id, or the message id "
     "of the message that started the turn with its source.",
 )
+
+# MCP servers (parley_runtime/mcp, docs/mcp.md)
+MCP_SERVER_INVALID = define(
+    "MCP_SERVER_INVALID",
+    Kind.INVALID_ARGUMENT,
+    "An MCP server definition is malformed (its name, or not exactly one of command and url); the "
+    "message names the field.",
+)
+MCP_SERVER_NOT_FOUND = define(
+    "MCP_SERVER_NOT_FOUND",
+    Kind.NOT_FOUND,
+    "The agent names no MCP server of this name.",
+    hint="list them with `parley mcp list AGENT`",
+)
+MCP_STDIO_DISABLED = define(
+    "MCP_STDIO_DISABLED",
+    Kind.FAILED_PRECONDITION,
+    "Stdio MCP servers run programs on the runtime's host; they are off unless the operator enables them.",
+    hint="set PARLEY_MCP_STDIO=true on the runtime",
+)
+MCP_SECRET_MISSING = define(
+    "MCP_SECRET_MISSING",
+    Kind.FAILED_PRECONDITION,
+    "An MCP server's header or env value refers to a secret ({{secret:NAME}}) the agent does not have.",
+)
+MCP_UNAVAILABLE = define(
+    "MCP_UNAVAILABLE",
+    Kind.UNAVAILABLE,
+    "The MCP server is not connected (starting, or restarting after it died); the message says why.",
+)

@@ -16,6 +16,7 @@ from parley_platform.logging import get_logger
 
 from .access import Access
 from .config import WebSettings
+from .mcp_server import McpEndpoint
 from .relay import Relay
 from .routes import WebApi
 
@@ -72,8 +73,11 @@ async def setup(host: ServiceHost[WebSettings]) -> None:
         cache_seconds=s.web_cache_seconds,
         history_limit=s.web_history_limit,
     )
-    api = WebApi(access, relay, reply_timeout=s.web_reply_timeout_seconds, max_chars=s.web_max_message_chars)
+    timeout, chars = s.web_reply_timeout_seconds, s.web_max_message_chars
+    mcp = McpEndpoint(access, relay, reply_timeout=timeout, max_chars=chars)
+    api = WebApi(access, relay, mcp=mcp, reply_timeout=timeout, max_chars=chars)
     http = HttpServer(api, s.web_host, s.web_port)
     host.component("relay", relay)
+    host.component("mcp", mcp)
     host.component("http", http)
     host.ready_fields.update(http=f"http://{s.web_host}:{s.web_port}/")

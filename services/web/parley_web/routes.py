@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from parley_connectors import Inbound
 from parley_platform.errors import Kind, ParleyError
@@ -101,7 +102,16 @@ def parse_request(body: Any, max_chars: int) -> tuple[str, str, bool, str]:
 
 
 class WebApi:
-    def __init__(self, access: Access, relay: Relay, *, reply_timeout: float, max_chars: int) -> None:
+    def __init__(
+        self,
+        access: Access,
+        relay: Relay,
+        *,
+        reply_timeout: float,
+        max_chars: int,
+        mcp: ASGIApp | None = None,
+    ) -> None:
+        self.mcp = mcp
         self.access = access
         self.relay = relay
         self.reply_timeout = reply_timeout
@@ -114,6 +124,7 @@ class WebApi:
                 Route("/v1/models", self.models),
                 Route("/v1/chat/completions", self.completions, methods=["POST"]),
                 Route("/api/history", self.history),
+                *([Route("/mcp", self.mcp)] if self.mcp is not None else []),
             ],
             exception_handlers={ParleyError: self.on_error},  # type: ignore[dict-item]
         )
