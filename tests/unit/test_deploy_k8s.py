@@ -39,7 +39,9 @@ def compose_services() -> dict[str, str]:
     connectors under a compose profile need a platform's token and are not deployed by the base)."""
     services = yaml.safe_load(COMPOSE.read_text())["services"]
     return {
-        name: svc["command"][2] for name, svc in services.items() if "build" in svc and not svc.get("profiles")
+        name: svc["command"][2]
+        for name, svc in services.items()
+        if "build" in svc and not svc.get("profiles")
     }
 
 

@@ -111,9 +111,15 @@ class Ingested:
     world_metadata: dict[str, Any] | None
     sender_role: str | None
     replies_to_agent: bool
+    # Read by the same statement for a turn that runs (None otherwise): the agent's custom-action
+    # revision (0 before the first), and whether it has facts and documents to search.
+    custom_action_revision: int | None = None
+    has_facts: bool | None = None
+    has_documents: bool | None = None
 
     @classmethod
     def from_row(cls, row: Row) -> Ingested:
+        running = row["state"] == "running"
         return cls(
             state=row["state"],
             previous_state=row["previous_state"],
@@ -126,6 +132,9 @@ class Ingested:
             world_metadata=row["world_metadata"],
             sender_role=row["sender_role"],
             replies_to_agent=bool(row["replies_to_agent"]),
+            custom_action_revision=int(row["custom_action_revision"] or 0) if running else None,
+            has_facts=row["has_facts"] if running else None,
+            has_documents=row["has_documents"] if running else None,
         )
 
     @property

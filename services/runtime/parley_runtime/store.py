@@ -38,7 +38,7 @@ Q = load_queries(SQL_DIR / "queries.sql")
 
 def vector_text(values: Sequence[float] | None) -> str | None:
     """pgvector's text form; the SQL casts it with ::vector."""
-    return None if values is None else "[" + ",".join(repr(float(v)) for v in values) + "]"
+    return None if values is None else "[" + ",".join(map(repr, values)) + "]"
 
 
 class RuntimeStore:
@@ -252,13 +252,20 @@ class RuntimeStore:
             what="remember",
         )
 
-    async def set_embedding(
-        self, agent_id: uuid.UUID, memory_id: uuid.UUID, embedding: Sequence[float]
+    async def set_embeddings(
+        self, agent_id: uuid.UUID, embeddings: Sequence[tuple[uuid.UUID, Sequence[float]]]
     ) -> None:
+        """Several memories' embeddings in one statement."""
+        if not embeddings:
+            return
         await self.db.execute(
-            Q["set_embedding"],
-            {"agent_id": agent_id, "id": memory_id, "embedding": vector_text(embedding)},
-            what="set embedding",
+            Q["set_embeddings"],
+            {
+                "agent_id": agent_id,
+                "ids": [memory_id for memory_id, _ in embeddings],
+                "embeddings": [vector_text(vector) for _, vector in embeddings],
+            },
+            what="set embeddings",
         )
 
     async def search_memories(

@@ -123,7 +123,15 @@ SELECT t.state, t.attempts, t.response_id, (SELECT turn_token FROM r) AS lease_t
                    AND m.agent_id = %(agent_id)s AND m.room_id = %(room_id)s AND m.kind = 'messages'
                    AND m.id <> %(memory_id)s AND NOT coalesce((m.content ->> 'simple')::boolean, false)
                  ORDER BY m.created_at DESC, m.id DESC
-                 LIMIT %(history)s) AS h) AS history
+                 LIMIT %(history)s) AS h) AS history,
+       -- The reads every turn made as statements of their own: the custom actions' revision (is
+       -- the cached catalog current?) and whether there are facts or documents to search at all.
+       (SELECT cr.revision FROM runtime.custom_action_revision cr
+         WHERE t.state = 'running' AND cr.agent_id = %(agent_id)s) AS custom_action_revision,
+       (SELECT EXISTS (SELECT 1 FROM runtime.memory fm WHERE fm.agent_id = %(agent_id)s AND fm.kind = 'facts')
+         WHERE t.state = 'running') AS has_facts,
+       (SELECT EXISTS (SELECT 1 FROM runtime.document dm WHERE dm.agent_id = %(agent_id)s)
+         WHERE t.state = 'running') AS has_documents
   FROM (SELECT 1) AS one LEFT JOIN t ON true;
 
 -- save_replies --
@@ -234,8 +242,11 @@ VALUES (%(agent_id)s, %(id)s, %(room_id)s, %(entity_id)s, %(kind)s, %(content)s,
         %(metadata)s)
 ON CONFLICT DO NOTHING;
 
--- set_embedding --
-UPDATE runtime.memory SET embedding = %(embedding)s::vector WHERE agent_id = %(agent_id)s AND id = %(id)s;
+-- set_embeddings --
+-- Several memories' embeddings in one statement (a turn's message and replies, a backfill batch).
+UPDATE runtime.memory m SET embedding = v.embedding::vector
+  FROM unnest(%(ids)s::uuid[], %(embeddings)s::text[]) AS v(id, embedding)
+ WHERE m.agent_id = %(agent_id)s AND m.id = v.id;
 
 -- search_memories --
 -- Nearest memories of one kind by cosine distance, for this agent only.

@@ -75,8 +75,10 @@ class AfterReply(Stage):
             return
         try:
             vectors = await self.model.embed([text for _, text in memories], turn.agent.id)
-            for (memory_id, _), vector in zip(memories, vectors, strict=True):
-                await self.store.set_embedding(turn.agent.id, memory_id, vector)
+            await self.store.set_embeddings(
+                turn.agent.id,
+                [(memory_id, vector) for (memory_id, _), vector in zip(memories, vectors, strict=True)],
+            )
         except ParleyError as exc:
             log.warning(
                 "message embeddings failed", agent_id=str(turn.agent.id), turn_id=str(turn.id), error=str(exc)
