@@ -13,6 +13,7 @@ from parley_platform.logging import get_logger
 
 from ... import ids
 from ...store import RuntimeStore
+from ..embeddings import EmbeddingWriter
 from ..pipeline import Stage, Stop
 from ..ports import Model
 from ..state import Turn
@@ -50,6 +51,7 @@ class AfterReply(Stage):
         trajectory_logging: bool,
     ) -> None:
         self.store = store
+        self.embeddings = EmbeddingWriter(store)  # the turns' embeddings, batched
         self.model = model
         self.background = background
         self.embed_messages = embed_messages
@@ -75,7 +77,7 @@ class AfterReply(Stage):
             return
         try:
             vectors = await self.model.embed([text for _, text in memories], turn.agent.id)
-            await self.store.set_embeddings(
+            await self.embeddings.write(
                 turn.agent.id,
                 [(memory_id, vector) for (memory_id, _), vector in zip(memories, vectors, strict=True)],
             )
