@@ -20,7 +20,13 @@ SELECT id, name, enabled, character, created_at
  LIMIT %(limit)s OFFSET %(offset)s;
 
 -- lock_room --
-SELECT pg_advisory_xact_lock(hashtextextended(%(lock_key)s, 0));
+-- The room's lock for the ingest that follows in the same transaction, whose commit does not wait
+-- for its WAL to reach the disk: nothing outside depends on the ingest alone being durable. The
+-- inbound message is acked only after save_replies, a synchronous commit, which flushes the WAL up
+-- to itself and so the ingest's too; a turn whose ingest a crash of PostgreSQL lost finds its lease
+-- gone at save_replies (nothing published), and the redelivered message is ingested again. Effect
+-- claims are synchronous commits as well, so an action never runs on a turn that could vanish.
+SELECT pg_advisory_xact_lock(hashtextextended(%(lock_key)s, 0)), set_config('synchronous_commit', 'off', true);
 
 -- ingest --
 -- One round trip per inbound message: upsert the world, entity, room and
@@ -244,8 +250,11 @@ ON CONFLICT DO NOTHING;
 
 -- set_embeddings --
 -- Several memories' embeddings in one statement (a turn's message and replies, a backfill batch).
+-- Its commit does not wait for the WAL to reach the disk: embeddings a crash of PostgreSQL loses
+-- are missing ones, which the backfill task computes again.
+WITH async AS (SELECT set_config('synchronous_commit', 'off', true))
 UPDATE runtime.memory m SET embedding = v.embedding::vector
-  FROM unnest(%(ids)s::uuid[], %(embeddings)s::text[]) AS v(id, embedding)
+  FROM unnest(%(ids)s::uuid[], %(embeddings)s::text[]) AS v(id, embedding), async
  WHERE m.agent_id = %(agent_id)s AND m.id = v.id;
 
 -- search_memories --
