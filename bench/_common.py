@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,3 +154,49 @@ def service_process(module: str, env: BenchEnv, settings: dict[str, str], name: 
         env.logs / f"{name}.log",
         port,
     )
+
+
+# -- CPU time per operation of each process (Linux /proc) --------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc; 0 elsewhere or once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pids_matching(*needles: str) -> list[int]:
+    """Processes whose command line holds every needle (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if all(needle in command for needle in needles):
+            found.append(int(entry.name))
+    return found
+
+
+Groups = dict[str, Callable[[], list[int]]]
+
+
+def cpu_snapshot(groups: Groups) -> dict[str, dict[int, float]]:
+    return {name: {pid: cpu_seconds(pid) for pid in pids()} for name, pids in groups.items()}
+
+
+def cpu_ms_per_op(
+    before: dict[str, dict[int, float]], after: dict[str, dict[int, float]], n: int
+) -> dict[str, float]:
+    """CPU milliseconds each group of processes spent per operation between two snapshots."""
+    return {
+        f"{group}_cpu_ms": round(
+            sum(spent - before[group].get(pid, 0.0) for pid, spent in after[group].items()) / n * 1000, 3
+        )
+        for group in after
+    }

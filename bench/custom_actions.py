@@ -6,7 +6,8 @@
 - code: the code action (python -I -S, rlimits, audit hook, params on stdin) against spawning
   ``python -I -S -c pass``;
 - shell: the shell action (exec, no shell) against spawning ``/bin/true`` with asyncio;
-- the per-turn revision check each replica makes (one primary-key SELECT) against ``SELECT 1``
+- the revision check (one primary-key SELECT; a turn's ingest statement now reads it, confirmation
+  events still make it on its own) against ``SELECT 1``
   on the same pool.
 
 Usage: python bench/custom_actions.py [--http 400] [--spawn 60] [--sql 2000]

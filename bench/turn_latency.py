@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import secrets
 import time
 import uuid
 
 import psycopg
-from _common import BenchEnv, Series, bench_env, report, suite_env
+from _common import BenchEnv, Series, bench_env, cpu_ms_per_op, cpu_snapshot, pids_matching, report, suite_env
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from parley.v1 import runtime_pb2
@@ -177,10 +178,23 @@ async def main(args: argparse.Namespace) -> None:
             client = Client(bus)
             await client.start()
             await timed(50, 1, client.turn)  # warm-up: connections, prepared statements
+            groups = {
+                "runtime": lambda: [runtime.pid],
+                "gateway": lambda: [gateway.pid],
+                "postgres": lambda: pids_matching(
+                    "postgres: ", env.database_url.rsplit("/", 1)[-1].split("?")[0]
+                ),
+                "nats": lambda: pids_matching("nats-server", str(env.logs.parent)),
+                "client": lambda: [os.getpid()],
+            }
+            before = cpu_snapshot(groups)
             sequential = await timed(args.sequential, 1, client.turn)
             sequential.name = "turn, sequential"
+            seq_cpu = cpu_ms_per_op(before, cpu_snapshot(groups), args.sequential)
+            before = cpu_snapshot(groups)
             concurrent = await timed(args.concurrent, args.in_flight, client.turn)
             concurrent.name = f"turn, {args.in_flight} in flight"
+            conc_cpu = cpu_ms_per_op(before, cpu_snapshot(groups), args.concurrent)
             floor = await floors(env, bus, args.sequential, args.in_flight)
         finally:
             await bus.close()
@@ -206,8 +220,19 @@ async def main(args: argparse.Namespace) -> None:
     floor_rate = 1 / per_turn_seconds
     summary = {
         "benchmark": "turn_latency",
-        "turn_sequential": sequential.figures(),
-        "turn_concurrent": {**concurrent.figures(), "in_flight": args.in_flight},
+        # CPU ms per turn of each process (the background work after a reply included, except
+        # what is still running when the timing ends).
+        "turn_sequential": {
+            **sequential.figures(),
+            **seq_cpu,
+            "suite_cpu_ms": round(sum(seq_cpu.values()), 3),
+        },
+        "turn_concurrent": {
+            **concurrent.figures(),
+            **conc_cpu,
+            "suite_cpu_ms": round(sum(conc_cpu.values()), 3),
+            "in_flight": args.in_flight,
+        },
         "floor": {key: series.figures() for key, series in floor.items()},
         "floor_turn_sequential_p50_ms": round(floor_seq_ms, 3),
         "floor_turn_throughput_per_s": round(floor_rate, 1),

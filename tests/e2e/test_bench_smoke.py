@@ -157,7 +157,7 @@ RUNS: dict[str, tuple[list[str], set[str], set[str]]] = {
     ),
     "turn_throughput.py": (
         ["--turns", "30", "--in-flight", "8", "--census", "10", "--floor-n", "20", "--settle", "0.5"],
-        {"ratio_3_replicas_to_floor", "ratio_1_replica_to_floor", "sql_statements_per_turn"},
+        {"turns_per_s", "ratio_3_replicas_to_floor", "ratio_1_replica_to_floor", "sql_statements_per_turn"},
         {"turns_1_replica", "turns_3_replicas", "round_trips_per_turn"},
     ),
 }

@@ -133,7 +133,9 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
     running = RunningTurns()
     control = TurnControl(bus, running)
     await control.start()
+    registry = custom_actions(s, CustomActionStore(host.db), directory)
     turns = TurnProcessor(
+        catalogs=registry.refresh,  # at the revision the ingest statement read
         running=running,
         control=control,
         resources=resources,
@@ -166,7 +168,6 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
 
     directory.connect(announce)
     await bus.subscribe(changes, on_change)
-    registry = custom_actions(s, CustomActionStore(host.db), directory)
     autonomy = Autonomy(
         store=AutonomyStore(host.db),
         bus=bus,
@@ -227,7 +228,7 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
                 ack_wait_seconds=s.ack_wait_seconds,
                 max_deliver=s.max_deliver,
             ),
-            mcp.before_turns(registry.before_turns(turns.handle)),
+            mcp.before_turns(turns.handle),
             concurrency=s.turn_concurrency,
             metrics=host.messaging,
             on_exhausted=turns.exhausted,

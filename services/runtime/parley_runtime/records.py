@@ -112,9 +112,15 @@ class Ingested:
     sender_role: str | None
     replies_to_agent: bool
     sender_role_source: str | None = None  # connector or operator (SetParticipantRole)
+    # Read by the same statement for a turn that runs (None otherwise): the agent's custom-action
+    # revision (0 before the first), and whether it has facts and documents to search.
+    custom_action_revision: int | None = None
+    has_facts: bool | None = None
+    has_documents: bool | None = None
 
     @classmethod
     def from_row(cls, row: Row) -> Ingested:
+        running = row["state"] == "running"
         return cls(
             state=row["state"],
             previous_state=row["previous_state"],
@@ -128,6 +134,9 @@ class Ingested:
             sender_role=row["sender_role"],
             replies_to_agent=bool(row["replies_to_agent"]),
             sender_role_source=row.get("sender_role_source"),
+            custom_action_revision=int(row["custom_action_revision"] or 0) if running else None,
+            has_facts=row["has_facts"] if running else None,
+            has_documents=row["has_documents"] if running else None,
         )
 
     @property

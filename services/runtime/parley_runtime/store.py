@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from psycopg import AsyncRawCursor
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -35,9 +37,29 @@ SCHEMA = "runtime"
 Q = load_queries(SQL_DIR / "queries.sql")
 
 
+def positional(query: str) -> tuple[str, tuple[str, ...]]:
+    """A named-parameter query as PostgreSQL's own ``$n`` form and the names in order. psycopg
+    converts a query on every execution once it is longer than 4,096 characters (shorter ones are
+    cached); the ingest statement is longer, so it is converted once here and run by a raw cursor."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in names:
+            names.append(name)
+        return f"${names.index(name) + 1}"
+
+    if "%%" in query:
+        raise ValueError("a literal % in a query to convert to $n form")
+    return re.sub(r"%\((\w+)\)s", number, query), tuple(names)
+
+
+INGEST, INGEST_PARAMS = positional(Q["ingest"])
+
+
 def vector_text(values: Sequence[float] | None) -> str | None:
     """pgvector's text form; the SQL casts it with ::vector."""
-    return None if values is None else "[" + ",".join(repr(float(v)) for v in values) + "]"
+    return None if values is None else "[" + ",".join(map(repr, values)) + "]"
 
 
 class RuntimeStore:
@@ -66,12 +88,17 @@ class RuntimeStore:
             "entity_metadata": Jsonb(message.entity_metadata),
             "content": Jsonb(message.content),
         }
-        async with self.db.connection("ingest message") as conn, conn.pipeline(), conn.transaction():
-            await conn.execute(
-                Q["lock_room"], {"lock_key": f"{message.agent_id}:{message.room_id}"}, prepare=True
-            )
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(Q["ingest"], params, prepare=True)
+        async with self.db.connection("ingest message") as conn:
+            cur = AsyncRawCursor(conn, row_factory=dict_row)
+            # The connection is in autocommit: what a pipeline sends before its Sync is one
+            # (implicit) transaction, so the room's lock is held until the ingest has committed,
+            # with one Sync and no BEGIN or COMMIT of their own. Each statement has its own snapshot:
+            # the ingest sees every ingest of the room that held the lock before it.
+            async with conn.pipeline():
+                await conn.execute(
+                    Q["lock_room"], {"lock_key": f"{message.agent_id}:{message.room_id}"}, prepare=True
+                )
+                await cur.execute(INGEST, [params[name] for name in INGEST_PARAMS], prepare=True)
             row = await cur.fetchone()
         assert row is not None
         return Ingested.from_row(row)
@@ -275,13 +302,20 @@ class RuntimeStore:
         assert row is not None
         return uuid.UUID(str(row["id"]))
 
-    async def set_embedding(
-        self, agent_id: uuid.UUID, memory_id: uuid.UUID, embedding: Sequence[float]
+    async def set_embeddings(
+        self, agent_id: uuid.UUID, embeddings: Sequence[tuple[uuid.UUID, Sequence[float]]]
     ) -> None:
+        """Several memories' embeddings in one statement."""
+        if not embeddings:
+            return
         await self.db.execute(
-            Q["set_embedding"],
-            {"agent_id": agent_id, "id": memory_id, "embedding": vector_text(embedding)},
-            what="set embedding",
+            Q["set_embeddings"],
+            {
+                "agent_id": agent_id,
+                "ids": [memory_id for memory_id, _ in embeddings],
+                "embeddings": [vector_text(vector) for _, vector in embeddings],
+            },
+            what="set embeddings",
         )
 
     async def search_memories(

@@ -43,8 +43,10 @@ def runtime_workers(
         missing = await store.missing_embeddings(agent_id, BACKFILL_BATCH)
         if missing:
             vectors = await embed([text for _, text in missing], agent_id)
-            for (memory_id, _), vector in zip(missing, vectors, strict=True):
-                await store.set_embedding(agent_id, memory_id, vector)
+            await store.set_embeddings(
+                agent_id,
+                [(memory_id, vector) for (memory_id, _), vector in zip(missing, vectors, strict=True)],
+            )
         # A full batch means there may be more: come back soon; otherwise at the usual pace.
         return TaskResult(
             next_interval_ms=BUSY_INTERVAL_MS if len(missing) == BACKFILL_BATCH else BACKFILL_INTERVAL_MS

@@ -6,9 +6,10 @@ live through the operator API, which are stored in ``runtime.custom_action``. On
 become actions.
 
 Replicas stay in step with a version check per turn, not a broadcast: every change bumps the
-agent's row in ``runtime.custom_action_revision`` in the same statement, and before each turn the
-replica reads that row (one primary-key lookup, far below the turn's other statements and its
-model call) and reloads the agent's definitions when it moved. A broadcast would be missed by a
+agent's row in ``runtime.custom_action_revision`` in the same statement, and each turn's ingest
+statement reads that row (a primary-key lookup inside the statement the turn makes anyway; other
+deliveries, such as confirmation events, read it with a statement of their own) and the replica
+reloads the agent's definitions when it moved. A broadcast would be missed by a
 replica that is reconnecting and would race the next message; the check gives read-after-write
 across replicas: a turn that starts after ``AddCustomAction`` returned sees the action on every
 replica.
@@ -125,11 +126,14 @@ class CustomActionRegistry:
 
         return checked
 
-    async def refresh(self, agent_id: uuid.UUID) -> AgentInfo | None:
+    async def refresh(self, agent_id: uuid.UUID, revision: int | None = None) -> AgentInfo | None:
+        """The agent with its catalog at the current revision of its custom actions, or at
+        ``revision`` when the caller read it already (a turn's ingest statement does)."""
         agent = self.directory.agents.get(str(agent_id)) or await self.directory.reload(str(agent_id))
         if agent is None:
             return None
-        revision = await self.store.revision(agent_id)
+        if revision is None:
+            revision = await self.store.revision(agent_id)
         cached = self._live.get(agent_id)
         if cached is None or cached[0] != revision:
             revision, stored = await self.store.list(agent_id)

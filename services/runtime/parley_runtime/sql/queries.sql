@@ -20,7 +20,13 @@ SELECT id, name, enabled, character, created_at
  LIMIT %(limit)s OFFSET %(offset)s;
 
 -- lock_room --
-SELECT pg_advisory_xact_lock(hashtextextended(%(lock_key)s, 0));
+-- The room's lock for the ingest that follows in the same transaction, whose commit does not wait
+-- for its WAL to reach the disk: nothing outside depends on the ingest alone being durable. The
+-- inbound message is acked only after save_replies, a synchronous commit, which flushes the WAL up
+-- to itself and so the ingest's too; a turn whose ingest a crash of PostgreSQL lost finds its lease
+-- gone at save_replies (nothing published), and the redelivered message is ingested again. Effect
+-- claims are synchronous commits as well, so an action never runs on a turn that could vanish.
+SELECT pg_advisory_xact_lock(hashtextextended(%(lock_key)s, 0)), set_config('synchronous_commit', 'off', true);
 
 -- ingest --
 -- One round trip per inbound message: upsert the world, entity, room and
@@ -127,7 +133,15 @@ SELECT t.state, t.attempts, t.response_id, (SELECT turn_token FROM r) AS lease_t
                    AND m.agent_id = %(agent_id)s AND m.room_id = %(room_id)s AND m.kind = 'messages'
                    AND m.id <> %(memory_id)s AND NOT coalesce((m.content ->> 'simple')::boolean, false)
                  ORDER BY m.created_at DESC, m.id DESC
-                 LIMIT %(history)s) AS h) AS history
+                 LIMIT %(history)s) AS h) AS history,
+       -- The reads every turn made as statements of their own: the custom actions' revision (is
+       -- the cached catalog current?) and whether there are facts or documents to search at all.
+       (SELECT cr.revision FROM runtime.custom_action_revision cr
+         WHERE t.state = 'running' AND cr.agent_id = %(agent_id)s) AS custom_action_revision,
+       (SELECT EXISTS (SELECT 1 FROM runtime.memory fm WHERE fm.agent_id = %(agent_id)s AND fm.kind = 'facts')
+         WHERE t.state = 'running') AS has_facts,
+       (SELECT EXISTS (SELECT 1 FROM runtime.document dm WHERE dm.agent_id = %(agent_id)s)
+         WHERE t.state = 'running') AS has_documents
   FROM (SELECT 1) AS one LEFT JOIN t ON true;
 
 -- save_replies --
@@ -238,8 +252,14 @@ VALUES (%(agent_id)s, %(id)s, %(room_id)s, %(entity_id)s, %(kind)s, %(content)s,
         %(metadata)s)
 ON CONFLICT DO NOTHING;
 
--- set_embedding --
-UPDATE runtime.memory SET embedding = %(embedding)s::vector WHERE agent_id = %(agent_id)s AND id = %(id)s;
+-- set_embeddings --
+-- Several memories' embeddings in one statement (a turn's message and replies, a backfill batch).
+-- Its commit does not wait for the WAL to reach the disk: embeddings a crash of PostgreSQL loses
+-- are missing ones, which the backfill task computes again.
+WITH async AS (SELECT set_config('synchronous_commit', 'off', true))
+UPDATE runtime.memory m SET embedding = v.embedding::vector
+  FROM unnest(%(ids)s::uuid[], %(embeddings)s::text[]) AS v(id, embedding), async
+ WHERE m.agent_id = %(agent_id)s AND m.id = v.id;
 
 -- search_memories --
 -- Nearest memories of one kind by cosine distance, for this agent only.

@@ -52,6 +52,8 @@ class Pipeline:
             raise ValueError(f"stage names repeat: {names}")
         self.stages = tuple(stages)
         self.metrics = metrics
+        # Each stage's histogram child found once (``labels()`` locks and hashes on every call).
+        self.timers = {name: metrics.stage.labels(name) for name in names}
         self.record = record  # trajectory logging
 
     async def run(self, turn: Turn) -> str:
@@ -69,7 +71,7 @@ class Pipeline:
                 stop = await stage.run(turn)
             finally:
                 elapsed = time.perf_counter() - started
-                self.metrics.stage.labels(stage.name).observe(elapsed)
+                self.timers[stage.name].observe(elapsed)
                 timings.append({"stage": stage.name, "ms": round(elapsed * 1000, 3)})
             if stop is None:
                 continue

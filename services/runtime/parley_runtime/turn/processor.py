@@ -11,6 +11,8 @@ published.
 from __future__ import annotations
 
 import time
+import uuid
+from collections.abc import Awaitable, Callable
 
 from parley_platform.consumer import Delivery, Poison, is_permanent
 from parley_platform.convert import uuid_or_none
@@ -56,7 +58,9 @@ class TurnProcessor:
         settings: TurnSettings,
         running: RunningTurns,
         control: TurnControl,
+        catalogs: Callable[[uuid.UUID, int], Awaitable[object]],
     ) -> None:
+        self.catalogs = catalogs  # brings an agent's catalog to a custom-action revision
         self.running = running
         self.control = control
         self.resources = resources
@@ -212,6 +216,8 @@ class TurnProcessor:
                 "a copy of this message holds the turn", agent_id=str(agent.id), turn_id=str(message.turn_id)
             )
             return "duplicate"
+        if ingested.custom_action_revision is not None:
+            await self.catalogs(agent.id, ingested.custom_action_revision)
         ctx = context(
             self.resources,
             agent,
@@ -231,6 +237,7 @@ class TurnProcessor:
             participants=[
                 Participant(str(p.entity_id), list(p.names), p.role, p.state) for p in ingested.participants
             ],
+            present={"facts": ingested.has_facts, "documents": ingested.has_documents},
         )
         if ingested.lease_token > 1:  # the room had turns before: an older one may still run
             await self.control.room_taken(agent.id, message.room_id, ingested.lease_token)

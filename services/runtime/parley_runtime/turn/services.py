@@ -38,6 +38,9 @@ class TurnServices:
         self.agent = agent
         self.message = message
         self.ctx: TurnContext | None = None  # set by ``context``, which builds both
+        # What the turn's ingest statement already read: whether the agent has memories of a kind
+        # (``facts``) and ``documents``. Absent: ask the database when it matters.
+        self.present: dict[str, bool] = {}
 
     def _context(self) -> TurnContext:
         assert self.ctx is not None
@@ -47,7 +50,10 @@ class TurnServices:
         await self.r.store.set_room_state(self.agent.id, self.message.room_id, state, mute_until)
 
     async def search_memories(self, text: str, *, kind: str = "facts", limit: int = 5) -> list[MemoryHit]:
-        if not await self.r.store.has_memories(self.agent.id, kind):
+        present = self.present.get(kind)
+        if present is None:
+            present = await self.r.store.has_memories(self.agent.id, kind)
+        if not present:
             return []
         [vector] = await self.r.model.embed([text], self.agent.id)
         found = await self.r.store.search_memories(self.agent.id, vector, kind=kind, limit=limit)
@@ -68,6 +74,7 @@ class TurnServices:
             embedding=vector,
             metadata=dict(metadata or {}),
         )
+        self.present[kind] = True
         return memory_id
 
     async def relate(
@@ -99,7 +106,12 @@ class TurnServices:
 
     async def search_documents(self, text: str, *, limit: int = 5) -> list[KnowledgeHit]:
         documents = self.r.documents
-        if not text.strip() or not await documents.has_documents(self.agent.id):
+        if not text.strip():
+            return []
+        present = self.present.get("documents")
+        if present is None:
+            present = await documents.has_documents(self.agent.id)
+        if not present:
             return []
         [vector] = await self.r.model.embed([text], self.agent.id)
         # As the sender: the rules of their roles apply inside the search's SQL. In a room of one
@@ -133,9 +145,12 @@ def context(
     role: str,
     history: Sequence[HistoryLine] = (),
     participants: Sequence[Participant] = (),
+    present: Mapping[str, bool | None] | None = None,
 ) -> TurnContext:
-    """What handlers see of the turn of ``message``; also rebuilt to run a confirmed action."""
+    """What handlers see of the turn of ``message``; also rebuilt to run a confirmed action.
+    ``present``: what is known to exist already (``facts``, ``documents``; None: not known)."""
     services = TurnServices(resources, agent, message)
+    services.present = {k: v for k, v in (present or {}).items() if v is not None}
     ctx = TurnContext(
         agent_id=agent.id,
         character=agent.character,

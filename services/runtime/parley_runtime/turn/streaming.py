@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TypeVar
 
 from prometheus_client import Histogram
@@ -125,7 +126,7 @@ class ReplyStream:
     text: str = ""
     final: str | None = None
 
-    @property
+    @cached_property  # a uuid5: found once, not for every chunk
     def response_id(self) -> uuid.UUID:
         return ids.response_id(self.turn_id, 0)
 

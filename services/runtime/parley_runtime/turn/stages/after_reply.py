@@ -14,6 +14,7 @@ from parley_platform.logging import get_logger
 
 from ... import ids
 from ...store import RuntimeStore
+from ..embeddings import EmbeddingWriter
 from ..evaluation import Evaluations
 from ..pipeline import Stage, Stop
 from ..ports import Model
@@ -53,6 +54,7 @@ class AfterReply(Stage):
         evaluator_timeout: float = 60.0,
     ) -> None:
         self.store = store
+        self.embeddings = EmbeddingWriter(store)  # the turns' embeddings, batched
         self.model = model
         self.background = background
         self.embed_messages = embed_messages
@@ -79,8 +81,10 @@ class AfterReply(Stage):
             return
         try:
             vectors = await self.model.embed([text for _, text in memories], turn.agent.id)
-            for (memory_id, _), vector in zip(memories, vectors, strict=True):
-                await self.store.set_embedding(turn.agent.id, memory_id, vector)
+            await self.embeddings.write(
+                turn.agent.id,
+                [(memory_id, vector) for (memory_id, _), vector in zip(memories, vectors, strict=True)],
+            )
         except ParleyError as exc:
             log.warning(
                 "message embeddings failed", agent_id=str(turn.agent.id), turn_id=str(turn.id), error=str(exc)

@@ -103,9 +103,13 @@ class Plan(Stage):
         writer.opened = True
         text = TextStream(turn.agent.redactor)
         pieces: list[str] = []
+        whole: str | None = None
         async for chunk in self.model.stream(turn.agent.id, segments):
+            # Read on to the stream's end, which follows the last chunk at once: leaving before it
+            # would cancel the finished call on the gateway (one more message each way).
             if chunk.done:
-                return chunk.response.text
-            pieces.append(chunk.text)
-            await writer.send(text.feed(chunk.text))
-        return "".join(pieces)
+                whole = chunk.response.text
+            elif whole is None:
+                pieces.append(chunk.text)
+                await writer.send(text.feed(chunk.text))
+        return "".join(pieces) if whole is None else whole
