@@ -66,8 +66,29 @@ class FakeOpenAI:
                         ],
                         "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
                     }
+                kind = "application/json"
                 data = json.dumps(answer).encode()
-                head = f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(data)}"
+                if body.get("stream") and not self.down:  # the runtime streams the reply: SSE
+                    kind = "text/event-stream"
+                    delta = {"role": "assistant", "content": content}
+                    chunks = [
+                        {
+                            "id": "c1",
+                            "object": "chat.completion.chunk",
+                            "model": answer["model"],
+                            "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+                        },
+                        {
+                            "id": "c1",
+                            "object": "chat.completion.chunk",
+                            "model": answer["model"],
+                            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                            "usage": answer["usage"],
+                        },
+                    ]
+                    data = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+                    data += b"data: [DONE]\n\n"
+                head = f"HTTP/1.1 {status}\r\ncontent-type: {kind}\r\ncontent-length: {len(data)}"
                 writer.write(f"{head}\r\n\r\n".encode() + data)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):

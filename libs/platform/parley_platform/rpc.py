@@ -186,6 +186,19 @@ def _deadline_of(msg: Msg) -> float | None:
         return None
 
 
+async def _naming_dependency(items: AsyncIterator[Resp], service: str) -> AsyncIterator[Resp]:
+    try:
+        async for item in items:
+            yield item
+    except ParleyError as exc:
+        mark_remote(exc, service)
+        raise
+    finally:
+        aclose = getattr(items, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
 class RpcClient:
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
@@ -200,10 +213,12 @@ class RpcClient:
         timeout: float = 60.0,
         idle_timeout: float | None = None,
     ) -> AsyncIterator[Resp]:
-        """A server-streaming call's items (see ``rpcstream``); close the iterator to cancel it."""
-        return call_stream(
+        """A server-streaming call's items (see ``rpcstream``); close the iterator to cancel it.
+        Like ``call``, a failure because the service is away names it as the missing dependency."""
+        items = call_stream(
             self.bus, service, method, request, response_type, timeout=timeout, idle_timeout=idle_timeout
         )
+        return _naming_dependency(items, service)
 
     async def call(
         self, service: str, method: str, request: Message, response_type: type[Resp], *, timeout: float = 10.0
