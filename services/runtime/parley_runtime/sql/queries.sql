@@ -68,8 +68,12 @@ WITH prev AS (
      WHERE (room.turn_epoch, room.turn_seq) <= (excluded.turn_epoch, excluded.turn_seq)
     RETURNING turn_token
 ), p AS (
+    -- A copy of a finished message (which creates no room) naming a room that does not exist
+    -- adds no participant: it is a duplicate, acked as such, not a database error.
     INSERT INTO runtime.participant (agent_id, room_id, entity_id, role)
-    VALUES (%(agent_id)s, %(room_id)s, %(entity_id)s, coalesce(%(sender_role)s, 'MEMBER'))
+    SELECT %(agent_id)s, %(room_id)s, %(entity_id)s, coalesce(%(sender_role)s, 'MEMBER')
+      FROM msg
+     WHERE msg.open OR EXISTS (SELECT 1 FROM runtime.room WHERE agent_id = %(agent_id)s AND id = %(room_id)s)
     ON CONFLICT (agent_id, room_id, entity_id) DO UPDATE SET role = excluded.role
      WHERE %(sender_role)s::text IS NOT NULL AND participant.role <> excluded.role
        AND participant.role_source = 'connector'  -- a claim never changes the operator's role
