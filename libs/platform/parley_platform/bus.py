@@ -316,8 +316,24 @@ class Bus:
         bus._mark_closing = mark_closing
         return bus
 
-    async def ensure_stream(self, spec: StreamSpec) -> str:
-        """Create the stream, or update it when the live config differs. Returns what was done."""
+    async def ensure_stream(self, spec: StreamSpec, *, timeout: float = 60.0) -> str:
+        """Create the stream, or update it when the live config differs. Returns what was done.
+
+        A cluster still electing its meta leader, or a replicated stream's group still forming,
+        answers with a timeout or "JetStream unavailable": that is waited out (a create that timed
+        out but happened is then found by the next look) until ``timeout`` has passed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return await self._ensure_stream_once(spec)
+            except ParleyError as exc:
+                transient = exc.code in (codes.NATS_TIMEOUT.code, codes.JETSTREAM_UNAVAILABLE.code)
+                if not transient or time.monotonic() >= deadline:
+                    raise
+                log.warning("stream not ready yet; retrying", stream=spec.name, error=exc.message)
+                await asyncio.sleep(0.5)
+
+    async def _ensure_stream_once(self, spec: StreamSpec) -> str:
         wanted = spec.config()
         try:
             info = await self.js.stream_info(spec.name)
