@@ -14,10 +14,13 @@ import pytest
 
 from parley.v1 import common_pb2
 from parley.v1.model_pb2 import GenerateChunk, GenerateRequest
+from parley_platform import rpcstream
 from parley_platform.bus import Bus
 from parley_platform.errors import ParleyError, Unavailable
 from parley_platform.rpc import RpcClient, RpcServer
 from parley_platform.rpcstream import DEADLINE, STATUS, STREAM
+from parley_platform.testing import eventually
+from support import SessionEnv
 
 Handler = Callable[[GenerateRequest], AsyncIterator[GenerateChunk]]
 
@@ -217,3 +220,58 @@ async def test_concurrent_streams_do_not_cross(bus: Bus, service: str, serve: Ca
     results = await asyncio.gather(*(one(n) for n in range(40)))
     for n, got in enumerate(results):
         assert got == [f"s{n}-{i} " for i in range(20)]
+
+
+async def test_streams_share_one_subscription_per_connection_and_cancels_find_their_replica(
+    bus: Bus, service: str, test_env: SessionEnv
+) -> None:
+    """Two replicas serve on connections of their own; each hears every stream's control messages
+    through one subscription and acts on its own streams only. The caller's 24 streams, each closed
+    after three items, use one inbox subscription, and every route is gone once they are over."""
+    replicas = [Slow(delay=0.05, count=1000), Slow(delay=0.05, count=1000)]
+    connections = [
+        await Bus.connect(test_env.nats_url, name="tests", namespace=bus.subjects.ns) for _ in replicas
+    ]
+    servers = []
+    try:
+        for connection, slow in zip(connections, replicas, strict=True):
+            server = RpcServer(connection, service)
+            server.register_stream("GenerateStream", GenerateRequest, slow)
+            await server.start()
+            await connection.nc.flush()
+            servers.append(server)
+        warm_up = call(bus, service, "w")
+        await anext(warm_up)  # the caller's shared inbox subscription exists from here on
+        await warm_up.aclose()  # type: ignore[attr-defined]
+        subscriptions = len(bus.nc._subs)
+
+        async def one(n: int) -> int:
+            got = 0
+            stream = call(bus, service, f"s{n}-")
+            async for chunk in stream:
+                assert chunk.text.startswith(f"s{n}-")
+                got += 1
+                if got == 3:
+                    # nats-py's own table of this connection's subscriptions: no stream added one
+                    assert len(bus.nc._subs) == subscriptions
+                    break  # closed early: cancelled on whichever replica serves it
+            await stream.aclose()  # type: ignore[attr-defined]
+            return got
+
+        assert await asyncio.gather(*(one(n) for n in range(24))) == [3] * 24
+        assert all(not router.routes for router in rpcstream._routers[bus].values())
+
+        async def all_stopped() -> bool:
+            controls = [next(iter(rpcstream._routers[c].values())) for c in connections]
+            return all(not r.routes for r in controls)
+
+        await eventually(all_stopped, timeout=10, what="every replica's streams over")
+        sent = [slow.sent for slow in replicas]
+        await asyncio.sleep(0.3)
+        assert [slow.sent for slow in replicas] == sent  # nothing still streams
+        assert all(slow.cancelled.is_set() for slow in replicas)  # both served some, and were cancelled
+    finally:
+        for server in servers:
+            await server.stop(timeout=2)
+        for connection in connections:
+            await connection.close()

@@ -10,14 +10,19 @@ it). The server answers on the inbox, every message with a ``Parley-Status`` hea
 - ``end`` (empty): the last message of a completed stream;
 - ``error``: a ``parley.v1.Error`` envelope; the stream is over.
 
-The caller controls the stream on ``<ns>.<service>.stream.<id>``, which the serving replica
-subscribes to for the stream's life: ``ping`` every ``HEARTBEAT_SECONDS`` while it reads, and
-``cancel`` when it stops reading before the end (it closed the iterator, or its task was
-cancelled). The server cancels the handler's task, so the handler (a model provider's generator)
-sees ``CancelledError`` where it waits, when a cancel arrives, when no ping came for
-``idle_seconds`` (the caller crashed or lost NATS), or when the caller's deadline
-(``Parley-Deadline``) passes. The caller gives up, with ``DEADLINE_EXCEEDED``, when nothing
-arrives for its idle timeout or its deadline passes.
+The caller controls the stream on ``<ns>.<service>.stream.<id>``, which every replica of the
+service hears through one subscription (``<ns>.<service>.stream.*``) and the serving one acts on:
+``ping`` every ``HEARTBEAT_SECONDS`` while it reads, and ``cancel`` when it stops reading before
+the end (it closed the iterator, or its task was cancelled). The server cancels the handler's
+task, so the handler (a model provider's generator) sees ``CancelledError`` where it waits, when a
+cancel arrives, when no ping came for ``idle_seconds`` (the caller crashed or lost NATS), or when
+the caller's deadline (``Parley-Deadline``) passes. The caller gives up, with
+``DEADLINE_EXCEEDED``, when nothing arrives for its idle timeout or its deadline passes.
+
+Neither side subscribes per stream: a connection has one subscription for all its streams'
+items (``<inbox>.stream.*``) and one per service it serves for their control messages, each routing
+by the stream id (a subscription costs both client and server a round of bookkeeping, and streams
+are as frequent as turns).
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import nats.errors
@@ -63,6 +69,52 @@ def stream_inbox(bus: Bus) -> tuple[str, str]:
     """A fresh (stream id, inbox) under the caller's ``<inbox prefix>.stream``."""
     prefix, stream_id = bus.nc.new_inbox().rsplit(".", 1)
     return stream_id, f"{prefix}.stream.{stream_id}"
+
+
+class Router:
+    """One subscription on ``<prefix>.*`` for many streams, each message handed to the route named
+    by its last token; a message for no route (a stream already over, another replica's) is
+    dropped. Made once per connection and subject (``router``)."""
+
+    def __init__(self, bus: Bus, prefix: str) -> None:
+        self.bus = bus
+        self.prefix = prefix
+        self.routes: dict[str, Callable[[Msg], Awaitable[None]]] = {}
+        self._subscription: Any = None
+        self._subscribing = asyncio.Lock()
+
+    async def add(self, key: str, handler: Callable[[Msg], Awaitable[None]]) -> None:
+        """Route ``<prefix>.<key>`` to ``handler``; returns once the subscription is in place."""
+        self.routes[key] = handler
+        if self._subscription is not None:
+            return
+        try:
+            async with self._subscribing:
+                if self._subscription is None:
+                    self._subscription = await self.bus.subscribe(f"{self.prefix}.*", self._on)
+        except BaseException:
+            self.routes.pop(key, None)
+            raise
+
+    def remove(self, key: str) -> None:
+        self.routes.pop(key, None)
+
+    async def _on(self, msg: Msg) -> None:
+        handler = self.routes.get(msg.subject.rpartition(".")[2])
+        if handler is not None:
+            await handler(msg)
+
+
+_routers: weakref.WeakKeyDictionary[Bus, dict[str, Router]] = weakref.WeakKeyDictionary()
+
+
+def router(bus: Bus, prefix: str) -> Router:
+    """The connection's router for ``<prefix>.*``."""
+    routers = _routers.setdefault(bus, {})
+    found = routers.get(prefix)
+    if found is None:
+        found = routers[prefix] = Router(bus, prefix)
+    return found
 
 
 async def serve_stream(
@@ -103,7 +155,8 @@ async def serve_stream(
         if control.data == CANCEL:
             cancelled.set()
 
-    sub = await bus.subscribe(control_subject(bus, service, stream_id), on_control)
+    controls = router(bus, control_subject(bus, service, "").rstrip("."))
+    await controls.add(stream_id, on_control)
     await _send(bus, reply, OPEN)
     pump = asyncio.create_task(_pump(bus, reply, handler(request), method))
     stop = asyncio.create_task(cancelled.wait())
@@ -133,8 +186,7 @@ async def serve_stream(
         raise
     finally:
         stop.cancel()
-        with contextlib.suppress(nats.errors.Error):
-            await sub.unsubscribe()
+        controls.remove(stream_id)
 
 
 async def _pump(bus: Bus, reply: str, items: AsyncIterator[Message], method: str) -> str:
@@ -196,10 +248,8 @@ async def call_stream(
     idle = timeout if idle_timeout is None else idle_timeout
     finished = opened = False
     heartbeat: asyncio.Task[None] | None = None
-    try:
-        sub = await bus.nc.subscribe(inbox, cb=on_message)
-    except nats.errors.Error as exc:
-        raise translate_nats_error(exc, f"{what}: subscribe to its stream inbox") from exc
+    inboxes = router(bus, inbox.rpartition(".")[0])
+    await inboxes.add(stream_id, on_message)
     try:
         headers = {DEADLINE: f"{time.time() + timeout:.3f}", STREAM: stream_id}
         try:
@@ -248,10 +298,10 @@ async def call_stream(
     finally:
         if heartbeat is not None:
             heartbeat.cancel()
-        with contextlib.suppress(nats.errors.Error):
-            if not finished:
+        inboxes.remove(stream_id)
+        if not finished:
+            with contextlib.suppress(nats.errors.Error):
                 await bus.nc.publish(control, CANCEL)
-            await sub.unsubscribe()
 
 
 async def _heartbeat(bus: Bus, control: str) -> None:
