@@ -5,13 +5,16 @@ batch without stopping later batches."""
 from __future__ import annotations
 
 import asyncio
+import random
+import struct
 import uuid
 from collections.abc import AsyncIterator, Sequence
 
+import psycopg
 import pytest
 
 from parley_platform.errors import ParleyError
-from parley_platform.postgres import Database, migrate
+from parley_platform.postgres import Database, Vector, migrate
 from parley_runtime.store import MIGRATIONS_DIR, SCHEMA, RuntimeStore
 from parley_runtime.turn.embeddings import EmbeddingWriter
 from support import SessionEnv
@@ -115,3 +118,43 @@ async def test_a_failed_batch_reaches_its_callers_and_later_batches_still_run(db
     assert store.statements == 1
     await writer.write(agent_id, [(ids[2], vector(3))])
     assert await stored(db, agent_id) == {ids[0]: None, ids[1]: None, ids[2]: 3.0}
+
+
+async def test_vectors_travel_in_binary_and_arrive_exactly(db: Database, fresh_database: str) -> None:
+    """``Vector`` parameters are pgvector's binary form: a float32 embedding (what the gateway's
+    protobuf carries) arrives bit for bit, alone, in a ``vector[]`` with NULLs, and a search with
+    one finds it first; a pool opened before the extension existed learns the type on its next
+    connection."""
+    rng = random.Random(7)
+    exact = [struct.unpack("f", struct.pack("f", rng.uniform(-1, 1)))[0] for _ in range(384)]
+    row = await db.fetchone("SELECT %(v)s::vector::real[] AS v", {"v": Vector(exact)})
+    assert row is not None
+    assert struct.pack("384f", *row["v"]) == struct.pack("384f", *exact)  # as float32, bit for bit
+    row = await db.fetchone(
+        "SELECT (%(vs)b::vector[])::text[] AS vs", {"vs": [None, Vector([1.5, -2.0]), Vector([0.25, 8.0])]}
+    )
+    assert row is not None
+    assert row["vs"] == [None, "[1.5,-2]", "[0.25,8]"]
+    store = RuntimeStore(db)
+    agent_id, ids = await memories(store, 3)
+    await store.set_embeddings(
+        agent_id, [(m, [float(i == n) for i in range(384)]) for n, m in enumerate(ids)]
+    )
+    matches = await store.search_memories(
+        agent_id, [float(i == 1) for i in range(384)], kind="facts", limit=3
+    )
+    assert next(match.id for match in matches) == ids[1]
+
+    fresh = Database(fresh_database, name="vector-tests", min_size=1, max_size=1)
+    await fresh.open()
+    try:
+        async with fresh.connection() as conn:  # a database without pgvector: no Vector dumper
+            with pytest.raises(psycopg.ProgrammingError):
+                await conn.execute("SELECT %(v)s::text", {"v": Vector([1.0])})
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+            await conn.close()  # the pool replaces it: its next connection looks the type up again
+        row = await fresh.fetchone("SELECT %(v)s::vector::text AS v", {"v": Vector([1.0, 2.0])})
+        assert row is not None
+        assert row["v"] == "[1,2]"
+    finally:
+        await fresh.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import struct
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,7 +16,10 @@ from typing import Any
 
 import psycopg
 import psycopg.errors
+from psycopg.adapt import Dumper
+from psycopg.pq import Format
 from psycopg.rows import dict_row
+from psycopg.types import TypeInfo
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from . import codes
@@ -60,18 +64,53 @@ def translate(exc: BaseException, what: str = "database") -> ParleyError:
     return codes.DB_ERROR(f"{what}: {type(exc).__name__}")
 
 
+class Vector:
+    """A pgvector value as a query parameter, sent in pgvector's binary form (a count, then
+    big-endian 4-byte floats): packing it costs a few microseconds where its text form, a ``repr``
+    per value, cost a quarter of a millisecond for 384 dimensions. Lists of them are ``vector[]``.
+    Works on connections of a database with the ``vector`` extension (``Database`` registers it)."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: Sequence[float]) -> None:
+        self.values = values
+
+    @classmethod
+    def of(cls, values: Sequence[float] | None) -> Vector | None:
+        return None if values is None else cls(values)
+
+
+class _VectorDumper(Dumper):
+    format = Format.BINARY
+
+    def dump(self, obj: Vector) -> bytes:
+        values = obj.values
+        return struct.pack(f">HH{len(values)}f", len(values), 0, *values)
+
+
 class Database:
     def __init__(self, url: str, *, name: str = "parley", min_size: int = 2, max_size: int = 10) -> None:
         self.url = url
+        self._vector: TypeInfo | None = None
         self.pool = AsyncConnectionPool(
             url,
             min_size=min_size,
             max_size=max_size,
             open=False,
             kwargs={"autocommit": True, "application_name": name},
+            configure=self._configure,
             name=name,
             timeout=10,
         )
+
+    async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Each new connection knows pgvector's type, when the database has it (looked up once)."""
+        if not isinstance(self._vector, TypeInfo):  # until its migration has created it
+            self._vector = await TypeInfo.fetch(conn, "vector")
+        if self._vector is not None:
+            self._vector.register(conn)
+            dumper = type("VectorDumper", (_VectorDumper,), {"oid": self._vector.oid})
+            conn.adapters.register_dumper(Vector, dumper)
 
     async def open(self, timeout: float = 30.0) -> None:
         try:

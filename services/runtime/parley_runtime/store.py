@@ -14,7 +14,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from parley.v1 import runtime_pb2
-from parley_platform.postgres import Database, load_queries
+from parley_platform.postgres import Database, Vector, load_queries
 
 from .names import ROOM_TYPES
 from .records import (
@@ -55,11 +55,6 @@ def positional(query: str) -> tuple[str, tuple[str, ...]]:
 
 
 INGEST, INGEST_PARAMS = positional(Q["ingest"])
-
-
-def vector_text(values: Sequence[float] | None) -> str | None:
-    """pgvector's text form; the SQL casts it with ::vector."""
-    return None if values is None else "[" + ",".join(map(repr, values)) + "]"
 
 
 class RuntimeStore:
@@ -272,7 +267,7 @@ class RuntimeStore:
                 "room_id": room_id,
                 "entity_id": entity_id,
                 "source": source,
-                "embedding": vector_text(embedding),
+                "embedding": Vector.of(embedding),
                 "metadata": Jsonb(metadata),
             },
             what="remember",
@@ -313,7 +308,7 @@ class RuntimeStore:
             {
                 "agent_id": agent_id,
                 "ids": [memory_id for memory_id, _ in embeddings],
-                "embeddings": [vector_text(vector) for _, vector in embeddings],
+                "embeddings": [Vector(vector) for _, vector in embeddings],
             },
             what="set embeddings",
         )
@@ -331,7 +326,7 @@ class RuntimeStore:
             Q["search_memories"],
             {
                 "agent_id": agent_id,
-                "embedding": vector_text(embedding),
+                "embedding": Vector.of(embedding),
                 "kind": kind,
                 "limit": limit,
                 "room_id": room_id,

@@ -8,9 +8,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from parley_platform.postgres import Database
+from parley_platform.postgres import Database, Vector
 
-from ..store import Q, vector_text
+from ..store import Q
 from .domain import AddCheck, Document, Fragment, GrantReplacement, Removal, Requester
 
 
@@ -44,7 +44,7 @@ class DocumentStore:
                 **requester.params(),
                 **values,
                 "fragments": list(fragments),
-                "embeddings": [vector_text(e) for e in embeddings],
+                "embeddings": [Vector.of(e) for e in embeddings],
             },
             what="add document",
         )
@@ -128,7 +128,7 @@ class DocumentStore:
             {
                 "agent_id": agent_id,
                 **requester.params(),
-                "embedding": vector_text(embedding),
+                "embedding": Vector.of(embedding),
                 "limit": limit,
                 "room_id": room_id,
                 "scopes": list(scopes) if scopes is not None else None,

@@ -261,8 +261,8 @@ ON CONFLICT DO NOTHING;
 -- Its commit does not wait for the WAL to reach the disk: embeddings a crash of PostgreSQL loses
 -- are missing ones, which the backfill task computes again.
 WITH async AS (SELECT set_config('synchronous_commit', 'off', true))
-UPDATE runtime.memory m SET embedding = v.embedding::vector
-  FROM unnest(%(ids)s::uuid[], %(embeddings)s::text[]) AS v(id, embedding), async
+UPDATE runtime.memory m SET embedding = v.embedding
+  FROM unnest(%(ids)s::uuid[], %(embeddings)b::vector[]) AS v(id, embedding), async
  WHERE m.agent_id = %(agent_id)s AND m.id = v.id;
 
 -- search_memories --
@@ -426,8 +426,8 @@ WITH rr AS (
               title, content_type, size_bytes, fragment_count, created_by, created_at
 ), f AS (
     INSERT INTO runtime.document_fragment (agent_id, document_id, position, text, embedding)
-    SELECT d.agent_id, d.id, (x.n - 1)::integer, x.text, x.embedding::vector
-      FROM d, unnest(%(fragments)s::text[], %(embeddings)s::text[]) WITH ORDINALITY AS x (text, embedding, n)
+    SELECT d.agent_id, d.id, (x.n - 1)::integer, x.text, x.embedding
+      FROM d, unnest(%(fragments)s::text[], %(embeddings)b::vector[]) WITH ORDINALITY AS x (text, embedding, n)
 )
 SELECT d.* FROM d;
 
