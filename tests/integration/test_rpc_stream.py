@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import pytest
+from nats.aio.msg import Msg
 
 from parley.v1 import common_pb2
 from parley.v1.model_pb2 import GenerateChunk, GenerateRequest
@@ -275,3 +276,127 @@ async def test_streams_share_one_subscription_per_connection_and_cancels_find_th
             await server.stop(timeout=2)
         for connection in connections:
             await connection.close()
+
+
+@dataclass
+class Burst:
+    """A handler that yields ``count`` items of ``size`` characters without waiting (a model that
+    answers at once), then optionally fails."""
+
+    count: int
+    size: int = 8
+    fail: bool = False
+
+    async def __call__(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        for i in range(self.count):
+            yield GenerateChunk(text=f"{i:0{self.size}d}")
+        if self.fail:
+            raise Unavailable("the provider went away", code="PROVIDER_UNAVAILABLE")
+
+
+async def statuses_of_streams(bus: Bus, run: Callable[[], Awaitable[object]]) -> list[tuple[str, int]]:
+    """(status, bytes) of every message that reached this connection's stream inboxes while
+    ``run`` ran."""
+    seen: list[tuple[str, int]] = []
+
+    async def record(msg: Msg) -> None:
+        seen.append(((msg.headers or {}).get(STATUS, ""), len(msg.data)))
+
+    prefix = bus.nc.new_inbox().rsplit(".", 1)[0]
+    sub = await bus.nc.subscribe(f"{prefix}.stream.*", cb=record)
+    try:
+        await bus.nc.flush()
+        await run()
+        await bus.nc.flush()
+        await asyncio.sleep(0.1)
+    finally:
+        await sub.unsubscribe()
+    return seen
+
+
+async def test_items_ready_together_travel_in_one_message(
+    bus: Bus, service: str, serve: Callable[..., object]
+) -> None:
+    await serve(Burst(count=200))  # type: ignore[operator]
+    got: list[str] = []
+
+    async def read() -> None:
+        got.extend([c.text async for c in call(bus, service)])
+
+    seen = await statuses_of_streams(bus, read)
+    assert got == [f"{i:08d}" for i in range(200)]
+    statuses = [status for status, _ in seen]
+    assert statuses[0] == "open"
+    assert statuses[-1] == "end"
+    assert "items" in statuses
+    assert len(seen) < 20  # against 202 messages with one item each
+
+
+async def test_a_large_burst_is_cut_into_batches_under_the_size_limit(
+    bus: Bus, service: str, serve: Callable[..., object]
+) -> None:
+    await serve(Burst(count=120, size=2000))  # type: ignore[operator]
+    got: list[str] = []
+
+    async def read() -> None:
+        got.extend([c.text async for c in call(bus, service)])
+
+    seen = await statuses_of_streams(bus, read)
+    assert got == [f"{i:02000d}" for i in range(120)]
+    batches = [size for status, size in seen if status == "items"]
+    assert len(batches) >= 3  # 240 kB of items
+    assert max(batches) <= rpcstream.BATCH_BYTES
+
+
+async def test_an_error_after_a_burst_comes_after_its_items(
+    bus: Bus, service: str, serve: Callable[..., object]
+) -> None:
+    await serve(Burst(count=30, fail=True))  # type: ignore[operator]
+    got: list[str] = []
+
+    async def read() -> None:
+        async for chunk in call(bus, service):
+            got.append(chunk.text)
+
+    with pytest.raises(ParleyError) as raised:
+        await read()
+    assert raised.value.code == "PROVIDER_UNAVAILABLE"
+    assert got == [f"{i:08d}" for i in range(30)]
+
+
+async def test_a_caller_that_does_not_take_batches_gets_one_item_per_message(
+    bus: Bus, service: str, serve: Callable[..., object]
+) -> None:
+    """A caller of before batches (no ``Parley-Batch`` header) still reads every item as ``ok``."""
+    await serve(Burst(count=25))  # type: ignore[operator]
+    stream_id, inbox = rpcstream.stream_inbox(bus)
+    received: asyncio.Queue[Msg] = asyncio.Queue()
+
+    async def on_message(msg: Msg) -> None:
+        received.put_nowait(msg)
+
+    sub = await bus.nc.subscribe(inbox, cb=on_message)
+    try:
+        await bus.nc.publish(
+            bus.subjects.rpc(service, "GenerateStream"),
+            GenerateRequest(prompt="p").SerializeToString(),
+            reply=inbox,
+            headers={DEADLINE: "9999999999", STREAM: stream_id},
+        )
+        statuses = []
+        async with asyncio.timeout(10):
+            while not statuses or statuses[-1] != "end":
+                msg = await received.get()
+                statuses.append((msg.headers or {})[STATUS])
+                if statuses[-1] == "ok":
+                    assert GenerateChunk.FromString(msg.data).text == f"{len(statuses) - 2:08d}"
+        assert statuses == ["open", *["ok"] * 25, "end"]
+    finally:
+        await sub.unsubscribe()
+
+
+def test_a_batch_that_runs_past_its_end_is_refused() -> None:
+    framed = rpcstream._framed(b"abc") + rpcstream._framed(b"defg")
+    assert list(rpcstream._unframed(framed)) == [b"abc", b"defg"]
+    with pytest.raises(ValueError, match="past the end"):
+        list(rpcstream._unframed(framed[:-1]))

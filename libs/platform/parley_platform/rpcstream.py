@@ -7,6 +7,9 @@ it). The server answers on the inbox, every message with a ``Parley-Status`` hea
 
 - ``open`` (empty): the stream is being served; sent at once, before the first item;
 - ``ok``: one item (the method's response message);
+- ``items``: several items that were ready together, each a 4-byte big-endian length and the
+  item's bytes (only to a caller whose request said ``Parley-Batch: 1``; a handler that yields
+  without waiting, like a model answering at once, costs one message instead of one per item);
 - ``end`` (empty): the last message of a completed stream;
 - ``error``: a ``parley.v1.Error`` envelope; the stream is over.
 
@@ -32,7 +35,7 @@ import contextlib
 import re
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import nats.errors
@@ -51,7 +54,9 @@ log = get_logger(__name__)
 STATUS = "Parley-Status"
 DEADLINE = "Parley-Deadline"
 STREAM = "Parley-Stream"
-OPEN, OK, END, ERROR = "open", "ok", "end", "error"
+BATCH = "Parley-Batch"
+BATCH_BYTES = 64 * 1024  # well under NATS's smallest usual max_payload (1 MiB)
+OPEN, OK, ITEMS, END, ERROR = "open", "ok", "items", "end", "error"
 PING, CANCEL = b"ping", b"cancel"
 HEARTBEAT_SECONDS = 2.0
 IDLE_SECONDS = 10.0  # the server's patience without a ping: five heartbeats
@@ -158,7 +163,8 @@ async def serve_stream(
     controls = router(bus, control_subject(bus, service, "").rstrip("."))
     await controls.add(stream_id, on_control)
     await _send(bus, reply, OPEN)
-    pump = asyncio.create_task(_pump(bus, reply, handler(request), method))
+    pump_items = _pump_batches if headers.get(BATCH) == "1" else _pump
+    pump = asyncio.create_task(pump_items(bus, reply, handler(request), method))
     stop = asyncio.create_task(cancelled.wait())
     try:
         while not pump.done():
@@ -203,6 +209,78 @@ async def _pump(bus: Bus, reply: str, items: AsyncIterator[Message], method: str
         log.exception("stream handler crashed", method=method)
         await _send(bus, reply, ERROR, codes.INTERNAL(f"{method} failed unexpectedly"))
         return "INTERNAL"
+
+
+async def _pump_batches(bus: Bus, reply: str, items: AsyncIterator[Message], method: str) -> str:
+    """``_pump`` for a caller that takes batches: the handler runs in a task of its own, and what
+    it has yielded by the time the previous message is sent goes in one message. Nothing waits to
+    fill a batch, so an item is never later than it would be alone."""
+    ready: asyncio.Queue[Message | BaseException | None] = asyncio.Queue()
+
+    async def produce() -> None:
+        try:
+            async with contextlib.aclosing(items):  # type: ignore[type-var]
+                async for item in items:
+                    ready.put_nowait(item)
+        except ParleyError as exc:
+            ready.put_nowait(exc)
+        except Exception as exc:
+            log.exception("stream handler crashed", method=method)
+            ready.put_nowait(exc)
+        else:
+            ready.put_nowait(None)
+
+    producer = asyncio.create_task(produce())
+    try:
+        while True:
+            pending = [await ready.get()]
+            while isinstance(pending[-1], Message) and not ready.empty():
+                pending.append(ready.get_nowait())
+            last = pending[-1]
+            ready_items = [item.SerializeToString() for item in pending if isinstance(item, Message)]
+            await _publish_items(bus, reply, ready_items)
+            if isinstance(last, Message):
+                continue
+            if last is None:
+                await _send(bus, reply, END)
+                return "ok"
+            error = last if isinstance(last, ParleyError) else codes.INTERNAL(f"{method} failed unexpectedly")
+            await _send(bus, reply, ERROR, error)
+            return error.code
+    finally:
+        if not producer.done():
+            producer.cancel()
+            await asyncio.wait({producer})
+
+
+async def _publish_items(bus: Bus, reply: str, items: list[bytes]) -> None:
+    """Items as ``ok`` messages when alone, else as ``items`` batches of up to ``BATCH_BYTES``."""
+    batch: list[bytes] = []
+    size = 0
+    for data in [*items, None]:
+        if batch and (data is None or size + 4 + len(data) > BATCH_BYTES):
+            if len(batch) == 1:
+                await _publish(bus, reply, batch[0], OK)
+            else:
+                await _publish(bus, reply, b"".join(_framed(item) for item in batch), ITEMS)
+            batch, size = [], 0
+        if data is not None:
+            batch.append(data)
+            size += 4 + len(data)
+
+
+def _framed(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + data
+
+
+def _unframed(data: bytes) -> Iterator[bytes]:
+    at = 0
+    while at < len(data):
+        size = int.from_bytes(data[at : at + 4], "big")
+        if at + 4 + size > len(data):
+            raise ValueError("an item runs past the end of its batch")
+        yield data[at + 4 : at + 4 + size]
+        at += 4 + size
 
 
 async def _send(bus: Bus, reply: str, status: str, error: ParleyError | None = None) -> None:
@@ -251,7 +329,7 @@ async def call_stream(
     inboxes = router(bus, inbox.rpartition(".")[0])
     await inboxes.add(stream_id, on_message)
     try:
-        headers = {DEADLINE: f"{time.time() + timeout:.3f}", STREAM: stream_id}
+        headers = {DEADLINE: f"{time.time() + timeout:.3f}", STREAM: stream_id, BATCH: "1"}
         try:
             await bus.nc.publish(subject, request.SerializeToString(), reply=inbox, headers=headers)
         except nats.errors.Error as exc:
@@ -283,6 +361,13 @@ async def call_stream(
                 except DecodeError as exc:
                     raise codes.BAD_REPLY(f"{what}: a streamed item does not decode") from exc
                 yield item
+            elif status == ITEMS:
+                try:
+                    batch = [response_type.FromString(data) for data in _unframed(msg.data)]
+                except (DecodeError, ValueError) as exc:
+                    raise codes.BAD_REPLY(f"{what}: a batch of streamed items does not decode") from exc
+                for item in batch:
+                    yield item
             elif status == END:
                 finished = True
                 return
