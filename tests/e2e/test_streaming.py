@@ -166,6 +166,21 @@ async def test_the_chunks_make_the_reply(world: World) -> None:
     assert all("<" not in c.delta and "REPLY" not in c.delta for c in chunks)
 
 
+async def test_an_answer_generated_at_once_is_one_chunk_and_the_final(world: World) -> None:
+    """The scripted echo answers without waiting: its pieces reach the runtime together (one message
+    of the streamed call) and leave it as one chunk, not one per word."""
+    message = inbound("one two three four five six seven eight", source=SOURCE)
+    await publish_inbound(world.bus, message)
+    [reply] = await eventually(lambda: replies_to(world.bus, message), timeout=30, what="the reply")
+    final = await world.chunks.final(message)
+    chunks = sorted(world.chunks.of(message), key=lambda c: c.sequence)
+    assert (
+        "".join(c.delta for c in chunks) == reply.text == "You said: one two three four five six seven eight"
+    )
+    assert len(chunks) <= 2, [c.delta for c in chunks]
+    assert chunks[-1] == final
+
+
 async def test_a_newer_message_supersedes_the_stream(world: World) -> None:
     saw = world.provider_saw_cancels()
     first = await world.start_slow()

@@ -125,6 +125,8 @@ class ReplyStream:
     sequence: int = 0
     text: str = ""
     final: str | None = None
+    pending: str = ""  # text sent but not yet published
+    flushing: asyncio.Task[None] | None = None
 
     @cached_property  # a uuid5: found once, not for every chunk
     def response_id(self) -> uuid.UUID:
@@ -136,15 +138,29 @@ class ReplyStream:
         if not self.text:
             self.first_chunk.observe(time.perf_counter() - self.started)
         self.text += delta
-        await self._publish(delta, final=False, outcome="")
+        self.pending += delta
+        if self.flushing is None:
+            self.flushing = asyncio.ensure_future(self._flush())
+
+    async def _flush(self) -> None:
+        """One chunk for the text sent until the event loop's next turn: a model's pieces that
+        arrive together (one message of a streamed call) are one chunk, not one each."""
+        await asyncio.sleep(0)
+        delta, self.pending, self.flushing = self.pending, "", None
+        if delta and self.final is None:
+            await self._publish(delta, final=False, outcome="")
 
     async def close(self, outcome: str, delta: str = "") -> None:
-        """The final chunk, once; only for a turn that got as far as generating its reply, or was
-        stopped."""
+        """The final chunk, once, with any text not yet published; only for a turn that got as far
+        as generating its reply, or was stopped."""
         if self.final is not None or not (self.opened or outcome in (SUPERSEDED, CANCELLED)):
             return
+        if self.flushing is not None:
+            self.flushing.cancel()
+            self.flushing = None
         self.final = outcome
         self.text += delta
+        delta, self.pending = self.pending + delta, ""
         await self._publish(delta, final=True, outcome=outcome)
 
     async def _publish(self, delta: str, *, final: bool, outcome: str) -> None:
