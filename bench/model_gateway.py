@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import secrets
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 
@@ -30,6 +33,33 @@ from parley_platform.rpc import RpcClient
 from parley_platform.testing import ServiceProcess
 
 Op = Callable[[int], Awaitable[object]]
+
+# The RPC envelope alone: the platform's RpcServer in a process of its own, answering Generate with
+# a canned response and doing nothing else. It separates what the RPC framework costs (the
+# deadline and status headers, a task per request, decoding and encoding) from what the gateway's
+# own handling costs.
+ENVELOPE = r"""
+import asyncio, os, uvloop
+from parley.v1 import model_pb2
+from parley_platform.bus import Bus
+from parley_platform.rpc import RpcServer
+
+async def main():
+    url, namespace = os.environ["BENCH_NATS_URL"], os.environ["BENCH_NS"]
+    bus = await Bus.connect(url, name="bench-envelope", namespace=namespace)
+    canned = model_pb2.GenerateResponse.FromString(bytes.fromhex(os.environ["BENCH_RESPONSE"]))
+
+    async def generate(request):
+        return canned
+
+    server = RpcServer(bus, "benchenvelope")
+    server.register("Generate", model_pb2.GenerateRequest, generate)
+    await server.start()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+uvloop.run(main())
+"""
 PROMPT = "# Agent\nYou are Eliza.\n\n# Current message\nbob: how are you today?\n"
 
 
@@ -68,15 +98,35 @@ def start_gateway(env: BenchEnv, namespace: str, **extra: str) -> ServiceProcess
     return ServiceProcess("parley_gateway", process_env, env.logs / f"gateway-{port}.log", port).start()
 
 
-async def overhead(bus: Bus, args: argparse.Namespace) -> dict[str, Series]:
+def start_envelope(
+    env: BenchEnv, namespace: str, response: model_pb2.GenerateResponse
+) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-c", ENVELOPE],
+        env={
+            **os.environ,
+            "BENCH_NATS_URL": env.nats_url,
+            "BENCH_NS": namespace,
+            "BENCH_RESPONSE": response.SerializeToString().hex(),
+        },
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    if process.stdout.readline().strip() != "ready":
+        process.kill()
+        raise RuntimeError("the RPC envelope process did not start")
+    return process
+
+
+async def overhead(bus: Bus, env: BenchEnv, args: argparse.Namespace) -> dict[str, Series]:
     rpc = RpcClient(bus)
     request = model_pb2.GenerateRequest(
         agent_id="bench-agent", model_type=model_pb2.MODEL_TYPE_TEXT_SMALL, prompt=PROMPT
     )
     payload = request.SerializeToString()
-    reply_size = len(
-        (await rpc.call("model", "Generate", request, model_pb2.GenerateResponse)).SerializeToString()
-    )
+    response = await rpc.call("model", "Generate", request, model_pb2.GenerateResponse)
+    reply_size = len(response.SerializeToString())
     echo_subject = f"{bus.subjects.ns}.bench.echo"
     canned = b"x" * reply_size
 
@@ -91,13 +141,25 @@ async def overhead(bus: Bus, args: argparse.Namespace) -> dict[str, Series]:
     async def raw(_i: int) -> object:
         return await bus.nc.request(echo_subject, payload, timeout=5)
 
+    async def envelope(_i: int) -> object:
+        return await rpc.call("benchenvelope", "Generate", request, model_pb2.GenerateResponse)
+
     results: dict[str, Series] = {}
-    for name, op in (("gateway Generate", generate), ("raw NATS request/reply", raw)):
-        await timed("warm-up", 300, 8, op)
-        results[f"{name}:1"] = await timed(f"{name}, sequential", args.sequential, 1, op)
-        results[f"{name}:n"] = await timed(
-            f"{name}, {args.in_flight} in flight", args.concurrent, args.in_flight, op
-        )
+    envelope_process = start_envelope(env, bus.subjects.ns, response)
+    try:
+        for name, op in (
+            ("gateway Generate", generate),
+            ("RPC envelope alone", envelope),
+            ("raw NATS request/reply", raw),
+        ):
+            await timed("warm-up", 300, 8, op)
+            results[f"{name}:1"] = await timed(f"{name}, sequential", args.sequential, 1, op)
+            results[f"{name}:n"] = await timed(
+                f"{name}, {args.in_flight} in flight", args.concurrent, args.in_flight, op
+            )
+    finally:
+        envelope_process.kill()
+        envelope_process.wait()
     return results
 
 
@@ -243,16 +305,15 @@ async def main(args: argparse.Namespace) -> None:
         bus = await Bus.connect(env.nats_url, name="bench", namespace=namespace)
         try:
             await gateway.wait_ready()
-            series = await overhead(bus, args)
+            series = await overhead(bus, env, args)
             packed = await packing(bus)
         finally:
             await bus.close()
             gateway.stop()
         local = await local_speed(env, args.local_prompts) if not args.no_local else {}
 
-    def ratio(key: str, attr: str) -> float:
-        gw, raw = series[f"gateway Generate:{key}"], series[f"raw NATS request/reply:{key}"]
-        return round(getattr(gw, attr) / getattr(raw, attr), 2)
+    def ratio(key: str, attr: str, of: str = "gateway Generate", to: str = "raw NATS request/reply") -> float:
+        return round(getattr(series[f"{of}:{key}"], attr) / getattr(series[f"{to}:{key}"], attr), 2)
 
     summary: dict[str, object] = {
         "benchmark": "model_gateway",
@@ -266,6 +327,12 @@ async def main(args: argparse.Namespace) -> None:
         "throughput_ratio_concurrent": round(
             series["gateway Generate:n"].rate / series["raw NATS request/reply:n"].rate, 2
         ),
+        # Where the gateway's overhead lies: the RPC envelope alone against the raw round trip, and
+        # the gateway against the envelope (its own handling).
+        "envelope_ratio_p50_sequential": ratio("1", "p50_ms", of="RPC envelope alone"),
+        "envelope_throughput_ratio_concurrent": ratio("n", "rate", of="RPC envelope alone"),
+        "gateway_to_envelope_p50_sequential": ratio("1", "p50_ms", to="RPC envelope alone"),
+        "gateway_to_envelope_throughput_concurrent": ratio("n", "rate", to="RPC envelope alone"),
         "packing": packed,
         "local_model": local,
         "in_flight": args.in_flight,

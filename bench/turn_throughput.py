@@ -64,6 +64,7 @@ NATS_NO_REPLY = {
     "ack": 1,
     "events (RUN_STARTED … RUN_ENDED)": 5,
     "reply chunks (core; as many as the reply streams in, plus the final one)": 1,
+    "room taken (core, to every runtime replica; when the room had turns before)": 1,
 }
 ESSENTIAL_SQL, ESSENTIAL_RPC = 2, 1  # what turn_latency.py's floor counts
 
@@ -78,6 +79,7 @@ def classify(subject: str, ns: str) -> str:
         (f"{ns}.outbound.", "outbound JetStream publish (waits for its ack)"),
         (f"{ns}.events.", "event publish (core, no reply)"),
         (f"{ns}.stream.", "reply chunk publish (core, no reply)"),
+        (f"{ns}.runtime.rooms.taken", "room taken (core broadcast to the runtime replicas)"),
         ("$JS.API.CONSUMER.MSG.NEXT.", "pull fetch request"),
         ("$JS.ACK.", "ack (no reply awaited)"),
         ("$JS.API.", "other JetStream API request"),

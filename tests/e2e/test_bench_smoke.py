@@ -105,7 +105,12 @@ RUNS: dict[str, tuple[list[str], set[str], set[str]]] = {
     ),
     "model_gateway.py": (
         ["--sequential", "50", "--concurrent", "100", "--in-flight", "8", "--local-prompts", "1"],
-        {"overhead_ratio_p50_sequential", "throughput_ratio_concurrent"},
+        {
+            "overhead_ratio_p50_sequential",
+            "throughput_ratio_concurrent",
+            "envelope_ratio_p50_sequential",
+            "gateway_to_envelope_p50_sequential",
+        },
         {"packing", "local_model"},
     ),
     "pairing.py": (
