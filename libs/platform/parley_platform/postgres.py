@@ -6,11 +6,13 @@ No ``psycopg`` error escapes: ``Database.connection()`` translates them into
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 import struct
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,10 @@ log = get_logger(__name__)
 MIGRATION_LOCK = 0x7061726C  # "parl"
 
 Row = dict[str, Any]
+Params = Sequence[Any] | dict[str, Any] | None
+
+# The most statements of concurrent callers sent and committed together (``fetchone_grouped``).
+GROUP_MAX = 64
 
 
 def translate(exc: BaseException, what: str = "database") -> ParleyError:
@@ -88,10 +94,20 @@ class _VectorDumper(Dumper):
         return struct.pack(f">HH{len(values)}f", len(values), 0, *values)
 
 
+@dataclass(slots=True)
+class _Grouped:
+    sql: str
+    params: Params
+    what: str
+    future: asyncio.Future[Row | None]
+
+
 class Database:
     def __init__(self, url: str, *, name: str = "parley", min_size: int = 2, max_size: int = 10) -> None:
         self.url = url
         self._vector: TypeInfo | None = None
+        self._waiting: list[_Grouped] = []  # fetchone_grouped's statements not sent yet
+        self._grouping: asyncio.Task[None] | None = None
         self.pool = AsyncConnectionPool(
             url,
             min_size=min_size,
@@ -149,6 +165,81 @@ class Database:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(sql, params, prepare=True)
             return await cur.fetchone()
+
+    async def fetchone_grouped(self, sql: str, params: Params = None, *, what: str = "query") -> Row | None:
+        """``fetchone`` for a single-statement compare-and-swap under concurrency: the statements of
+        callers that arrive while a group is at the database go together as the next group, in
+        pipeline mode on one connection, in arrival order, and **commit together** (one implicit
+        transaction, so one WAL flush and one round trip for the group).
+
+        What a caller sees is what its statement alone would give: each statement sees the ones
+        before it in the group, so of two claims of one row the first wins and the second finds it
+        claimed; rows come back only once the group has committed. When a statement fails, the
+        group's transaction rolls back and each statement runs again on its own, so only the
+        failing one's caller gets the error. A lost connection fails the whole group with
+        DB_UNAVAILABLE, as it would each statement. A lone caller runs as ``fetchone``. Use it only
+        for statements whose row locks may be held until the group commits (a few statements of
+        one row each), not for long or multi-row ones."""
+        future: asyncio.Future[Row | None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(_Grouped(sql, params, what, future))
+        if self._grouping is None or self._grouping.done():
+            self._grouping = asyncio.create_task(self._run_groups())
+        return await future
+
+    async def _run_groups(self) -> None:
+        while self._waiting:
+            group, self._waiting = self._waiting[:GROUP_MAX], self._waiting[GROUP_MAX:]
+            group = [g for g in group if not g.future.done()]  # callers gone before it was sent
+            try:
+                if len(group) == 1:
+                    await self._run_alone(group[0])
+                elif group:
+                    await self._run_group(group)
+            except BaseException as exc:  # this task cancelled (shutdown): nobody is left waiting
+                for g in group:
+                    if not g.future.done():
+                        g.future.set_exception(codes.DB_UNAVAILABLE(f"{g.what}: stopped before it ran"))
+                if not isinstance(exc, Exception):
+                    raise
+
+    async def _run_alone(self, grouped: _Grouped) -> None:
+        try:
+            row = await self.fetchone(grouped.sql, grouped.params, what=grouped.what)
+        except Exception as exc:
+            if not grouped.future.done():
+                grouped.future.set_exception(exc)
+        else:
+            if not grouped.future.done():
+                grouped.future.set_result(row)
+
+    async def _run_group(self, group: list[_Grouped]) -> None:
+        used: psycopg.AsyncConnection[Any] | None = None
+        try:
+            async with self.pool.connection() as conn, conn.pipeline() as pipeline:
+                used = conn
+                cursors = []
+                for grouped in group:
+                    cursor = conn.cursor(row_factory=dict_row)
+                    await cursor.execute(grouped.sql, grouped.params, prepare=True)
+                    cursors.append(cursor)
+                await pipeline.sync()
+                rows = [await cursor.fetchone() for cursor in cursors]
+            # Leaving the pipeline read everything up to its last Sync: the group has committed.
+        except (psycopg.Error, PoolTimeout) as exc:
+            if used is None or used.broken or used.closed:
+                # No connection, or it was lost: whether the group committed is unknown.
+                for grouped in group:
+                    if not grouped.future.done():
+                        grouped.future.set_exception(translate(exc, grouped.what))
+                return
+            # A statement failed (or the group deadlocked with another transaction) and the group's
+            # transaction rolled back: nothing of it happened, so each statement runs on its own.
+            for grouped in group:
+                await self._run_alone(grouped)
+            return
+        for grouped, row in zip(group, rows, strict=True):
+            if not grouped.future.done():
+                grouped.future.set_result(row)
 
     async def fetchall(
         self, sql: str, params: Sequence[Any] | dict[str, Any] | None = None, *, what: str = "query"

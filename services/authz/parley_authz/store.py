@@ -58,12 +58,15 @@ class AuthzStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    async def _one(self, query: str, values: dict[str, Any]) -> Row | None:
-        return await self.db.fetchone(Q[query], values, what=query.replace("_", " "))
+    async def _one(self, query: str, values: dict[str, Any], *, grouped: bool = False) -> Row | None:
+        """``grouped``: a compare-and-swap that concurrent callers' statements may commit together
+        (``Database.fetchone_grouped``); each caller still gets what its statement alone gives."""
+        fetch = self.db.fetchone_grouped if grouped else self.db.fetchone
+        return await fetch(Q[query], values, what=query.replace("_", " "))
 
-    async def _the_one(self, query: str, values: dict[str, Any]) -> Row:
+    async def _the_one(self, query: str, values: dict[str, Any], *, grouped: bool = False) -> Row:
         """A statement that always answers one row (it reports what it did or saw)."""
-        row = await self._one(query, values)
+        row = await self._one(query, values, grouped=grouped)
         assert row is not None, query
         return row
 
@@ -73,8 +76,8 @@ class AuthzStore:
     async def _calls(self, query: str, values: dict[str, Any]) -> list[ToolCall]:
         return [ToolCall.from_row(row) for row in await self._all(query, values)]
 
-    async def _call(self, query: str, values: dict[str, Any]) -> ToolCall | None:
-        row = await self._one(query, values)
+    async def _call(self, query: str, values: dict[str, Any], *, grouped: bool = False) -> ToolCall | None:
+        row = await self._one(query, values, grouped=grouped)
         return None if row is None else ToolCall.from_row(row)
 
     # ----- 1. tool-call decisions ---------------------------------------------
@@ -98,7 +101,7 @@ class AuthzStore:
 
     async def decide(self, verdict: Verdict) -> ToolCall | None:
         """pending -> claimed (approve) or settled (deny); None when the call was not pending."""
-        return await self._call("decide", params(verdict))
+        return await self._call("decide", params(verdict), grouped=True)
 
     async def settle(self, settlement: Settlement) -> ToolCall | None:
         """claimed -> settled with the claim's own token; None otherwise."""
@@ -188,7 +191,7 @@ class AuthzStore:
         return None if row is None else ConfirmationSeen.from_row(row)
 
     async def authorize(self, attempt: AuthorizationAttempt) -> AuthorizeOutcome:
-        row = await self._the_one("authorize", params(attempt))
+        row = await self._the_one("authorize", params(attempt), grouped=True)
         return AuthorizeOutcome(
             authorization=None if row["id"] is None else Authorization.from_row(row),
             deleted=row["deleted"],
