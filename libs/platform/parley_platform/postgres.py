@@ -178,8 +178,9 @@ class Database:
         group's transaction rolls back and each statement runs again on its own, so only the
         failing one's caller gets the error. A lost connection fails the whole group with
         DB_UNAVAILABLE, as it would each statement. A lone caller runs as ``fetchone``. Use it only
-        for statements whose row locks may be held until the group commits (a few statements of
-        one row each), not for long or multi-row ones."""
+        for short statements of a row or a few, whose locks may be held until the group commits;
+        not for long ones, nor for any that takes an exclusive lock another replica's group could
+        take in the opposite order (advisory locks, several rows in no fixed order)."""
         future: asyncio.Future[Row | None] = asyncio.get_running_loop().create_future()
         self._waiting.append(_Grouped(sql, params, what, future))
         if self._grouping is None or self._grouping.done():
