@@ -216,16 +216,17 @@ class Database:
     async def _run_group(self, group: list[_Grouped]) -> None:
         used: psycopg.AsyncConnection[Any] | None = None
         try:
-            async with self.pool.connection() as conn, conn.pipeline() as pipeline:
+            async with self.pool.connection() as conn:
                 used = conn
                 cursors = []
-                for grouped in group:
-                    cursor = conn.cursor(row_factory=dict_row)
-                    await cursor.execute(grouped.sql, grouped.params, prepare=True)
-                    cursors.append(cursor)
-                await pipeline.sync()
+                async with conn.pipeline():
+                    for grouped in group:
+                        cursor = conn.cursor(row_factory=dict_row)
+                        await cursor.execute(grouped.sql, grouped.params, prepare=True)
+                        cursors.append(cursor)
+                # Leaving the pipeline sent its Sync and read every result up to it: the group has
+                # committed, and each cursor holds its statement's rows.
                 rows = [await cursor.fetchone() for cursor in cursors]
-            # Leaving the pipeline read everything up to its last Sync: the group has committed.
         except (psycopg.Error, PoolTimeout) as exc:
             if used is None or used.broken or used.closed:
                 # No connection, or it was lost: whether the group committed is unknown.

@@ -111,7 +111,7 @@ class RuntimeStore:
         keep: bool,
     ) -> str | None:
         """Returns 'replied', 'superseded', or None when a copy of the message holds the turn."""
-        row = await self.db.fetchone_grouped(
+        row = await self.db.fetchone(
             Q["save_replies"],
             {
                 "agent_id": agent_id,
