@@ -359,6 +359,9 @@ class BatcherClient:
                     future.set_exception(
                         codes.BATCHER_DISPOSED("the batcher client was disposed before a result came")
                     )
+                    # Whoever still awaits it gets the error; one that stopped waiting (a turn
+                    # cancelled at shutdown) leaves nothing to report as never retrieved.
+                    future.exception()
             self._first.clear()
             self._callbacks.clear()
         return disposed
