@@ -144,15 +144,18 @@ async def test_a_group_whose_connection_dies_fails_its_callers_as_unavailable(
         ]
         await first
         async with await psycopg.AsyncConnection.connect(test_env.database_url, autocommit=True) as admin:
-            for _ in range(100):
+            killed = False
+            for _ in range(500):  # up to 10 s for the group to reach its sleep
                 cur = await admin.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                     " WHERE application_name = %s AND query LIKE %s",
                     (name, "%pg_sleep(2)%"),
                 )
                 if await cur.fetchall():
+                    killed = True
                     break
                 await asyncio.sleep(0.02)
+        assert killed, "the group's backend was never seen running its first statement"
         results = await asyncio.gather(*group, return_exceptions=True)
         assert all(isinstance(r, ParleyError) and r.code == "DB_UNAVAILABLE" for r in results), results
         # Nothing of the group committed, and the next group runs on a fresh connection.
