@@ -196,12 +196,16 @@ class Database:
                     await self._run_alone(group[0])
                 elif group:
                     await self._run_group(group)
-            except BaseException as exc:  # this task cancelled (shutdown): nobody is left waiting
+            except Exception as exc:  # a bug here, not the database's answer: its callers see it
+                log.exception("grouped statements failed unexpectedly")
+                for g in group:
+                    if not g.future.done():
+                        g.future.set_exception(codes.DB_ERROR(f"{g.what}: {type(exc).__name__}"))
+            except BaseException:  # this task cancelled (shutdown): nobody is left waiting
                 for g in group:
                     if not g.future.done():
                         g.future.set_exception(codes.DB_UNAVAILABLE(f"{g.what}: stopped before it ran"))
-                if not isinstance(exc, Exception):
-                    raise
+                raise
 
     async def _run_alone(self, grouped: _Grouped) -> None:
         try:
