@@ -491,3 +491,32 @@ async def test_a_recreated_stream_is_consumed_again_with_a_newer_epoch(bus: Bus,
 
 async def _count(seen: list[Delivery], n: int) -> bool:
     return len(seen) >= n
+
+
+async def test_consumers_told_to_stop_taking_work_together_stop_in_one_fetch_not_one_each(
+    bus: Bus, lane: Lane
+) -> None:
+    """What the service host does at shutdown: every consumer stops fetching at once, so idle
+    consumers stopped one after another wait out their long polls together, not in turn; and a
+    message published after that is left in the stream for the next replica."""
+    seen, handle = recorder()
+    fetch_timeout = 1.0
+    consumers = [PullConsumer(bus, lane.spec(), handle, fetch_timeout=fetch_timeout) for _ in range(4)]
+    for consumer in consumers:
+        await consumer.start()
+    await asyncio.sleep(0.2)  # every loop is inside an idle fetch
+    started = time.monotonic()
+    for consumer in consumers:
+        consumer.stop_taking_work()
+    await asyncio.sleep(fetch_timeout + 0.2)  # the fetches under way have run out
+    await bus.publish(lane.subject(), b"after the stop", msg_id=f"late-{uuid.uuid4().hex}")
+    stopping = time.monotonic()
+    for consumer in reversed(consumers):
+        await consumer.stop(timeout=2)
+    took = time.monotonic() - stopping
+    assert took < 0.5 * fetch_timeout, f"each stop waited for a fetch of its own: {took:.2f} s"
+    assert seen == [], "a consumer told to stop took new work"
+    for consumer in consumers:
+        info = await bus.js.consumer_info(lane.stream, consumer.spec.durable)
+        assert (info.num_pending, info.num_ack_pending) == (1, 0)
+    print(f"4 idle consumers: stopped {time.monotonic() - started:.2f} s after the signal")

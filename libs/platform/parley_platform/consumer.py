@@ -459,9 +459,13 @@ class PullConsumer:
                     error=f"{type(exc).__name__}: {exc}",
                 )
 
+    def stop_taking_work(self) -> None:
+        """Fetch no more: the fetch under way (at most ``fetch_timeout``) is the last one."""
+        self._stopping.set()
+
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop fetching, let in-flight handlers finish for up to ``timeout``, then cancel them."""
-        self._stopping.set()
+        self.stop_taking_work()
         if self._loop_task:
             with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._loop_task), self.fetch_timeout + 1)

@@ -54,7 +54,11 @@ Step = Callable[[], Awaitable[object]]
 
 
 class Component(Protocol):
-    """Something the host starts after the APIs are served and stops first (consumers, workers)."""
+    """Something the host starts after the APIs are served and stops first (consumers, workers).
+
+    A component may also have ``stop_taking_work()``: at the start of shutdown the host calls it
+    on every component at once, so they all stop taking new work together (each consumer's idle
+    fetch runs out in parallel) before they are stopped one by one in reverse start order."""
 
     async def start(self) -> None: ...
     async def stop(self, timeout: float) -> None: ...
@@ -281,6 +285,10 @@ class ServiceHost(Generic[S]):
 
     async def stop(self) -> None:
         timeout = self.settings.shutdown_timeout_seconds
+        for _, component in self._started:
+            stop_taking_work = getattr(component, "stop_taking_work", None)
+            if stop_taking_work is not None:
+                stop_taking_work()
         steps: list[tuple[str, Step]] = [
             (name, partial(component.stop, timeout)) for name, component in reversed(self._started)
         ]

@@ -39,6 +39,9 @@ class ShutdownSignal:
         await self.event.wait()
 
 
+SLOW_STEP_SECONDS = 0.5
+
+
 async def shutdown_in_order(
     steps: list[tuple[str, Callable[[], Awaitable[object]]]], *, timeout: float
 ) -> None:
@@ -47,9 +50,13 @@ async def shutdown_in_order(
     A stuck step is abandoned rather than awaited forever."""
     deadline = time.monotonic() + timeout
     for name, step in steps:
-        remaining = max(0.1, deadline - time.monotonic())
+        started = time.monotonic()
+        remaining = max(0.1, deadline - started)
         try:
             await asyncio.wait_for(step(), remaining)
+            took = time.monotonic() - started
+            if took >= SLOW_STEP_SECONDS:
+                log.info("slow shutdown step", step=name, seconds=round(took, 2))
         except TimeoutError:
             log.warning("shutdown step timed out", step=name)
         except Exception:
