@@ -29,7 +29,7 @@ from racing import Span, assert_raced
 
 from parley.v1 import authz_pb2, authz_pb2_grpc, common_pb2
 from parley_devinfra.infra import free_port
-from parley_platform import canonical
+from parley_platform import canonical, frames
 from parley_platform.bus import Bus
 from parley_platform.errors import ParleyError
 from parley_platform.rpc import RpcClient
@@ -188,14 +188,18 @@ async def test_errors_map_to_the_same_codes_over_grpc_and_nats(
 async def test_an_undecodable_request_is_refused_and_the_service_keeps_serving(
     bus: Bus, rpc: RpcClient, agent: str
 ) -> None:
-    reply = await bus.nc.request(
-        bus.subjects.rpc("authz", "Decide"), b"\xff\xff\xff not protobuf", timeout=10
-    )
-    assert reply.headers is not None
-    assert reply.headers.get("Parley-Status") == "error"
-    error = common_pb2.Error.FromString(reply.data)
-    assert error.code == "INVALID_PAYLOAD"
-    assert "parley.v1.DecideRequest" in error.message
+    subject = bus.subjects.rpc("authz", "Decide")
+    # Bytes in the envelope that are no DecideRequest, and bytes in no envelope at all.
+    for garbage in (
+        frames.request(b"\xff\xff\xff not protobuf", deadline=None),
+        b"\xff\xff\xff not protobuf",
+    ):
+        reply = await bus.nc.request(subject, garbage, timeout=10)
+        status, body = frames.parse_reply(reply.data)
+        assert status == frames.ERROR
+        error = common_pb2.Error.FromString(body)
+        assert error.code == "INVALID_PAYLOAD"
+        assert "parley.v1.DecideRequest" in error.message
     put = await call(rpc, "PutPending", pending(agent, "after-garbage"), authz_pb2.PutPendingResponse)
     assert put.created
 

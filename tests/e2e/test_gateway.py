@@ -18,9 +18,10 @@ import grpc
 import pytest
 import yaml
 
-from parley.v1 import model_pb2, model_pb2_grpc
+from parley.v1 import common_pb2, model_pb2, model_pb2_grpc
 from parley_clients.batcher import BatcherClient, Field
 from parley_devinfra.infra import free_port
+from parley_platform import frames
 from parley_platform.bus import Bus
 from parley_platform.errors import InvalidArgument, ParleyError, ResourceExhausted
 from parley_platform.grpcserver import error_from_rpc_error
@@ -216,9 +217,11 @@ async def test_bad_requests_are_invalid_argument_naming_the_field(
 async def test_garbage_payload_over_nats_is_invalid_and_the_gateway_keeps_serving(
     gw: ServiceProcess, nats: Bus
 ) -> None:
-    reply = await nats.nc.request(nats.subjects.rpc("model", "Generate"), b"\xff\xfe not protobuf", timeout=5)
-    assert reply.headers is not None
-    assert reply.headers["Parley-Status"] == "error"
+    garbage = frames.request(b"\xff\xfe not protobuf", deadline=None)
+    reply = await nats.nc.request(nats.subjects.rpc("model", "Generate"), garbage, timeout=5)
+    status, body = frames.parse_reply(reply.data)
+    assert status == frames.ERROR
+    assert common_pb2.Error.FromString(body).code == "INVALID_PAYLOAD"
     ok = await RpcClient(nats).call(
         "model",
         "Generate",

@@ -28,9 +28,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from parley.v1 import common_pb2, pairing_pb2, pairing_pb2_grpc
 from parley_clients.pairing import FULL_REPLY, Admission, DmPolicy, PairingGate
 from parley_devinfra.infra import free_port
+from parley_platform import frames
 from parley_platform.bus import Bus
 from parley_platform.errors import InvalidArgument, NotFound, ParleyError
-from parley_platform.rpc import STATUS, RpcClient
+from parley_platform.rpc import RpcClient
 from parley_platform.testing import ServiceProcess, create_database, drop_database, eventually
 from support import DEFAULT_AGENT_ID, SessionEnv, Suite
 
@@ -280,18 +281,24 @@ async def test_bad_payloads_get_clear_errors_and_every_replica_keeps_serving(
     try:
         subject = bus.subjects.rpc("pairing", "UpsertRequest")
         for _ in range(6):
-            reply = await bus.nc.request(subject, b"\xff\xfe not protobuf", timeout=10)
-            assert reply.headers[STATUS] == "error"
-            error = ParleyError.from_proto(common_pb2.Error.FromString(reply.data))
+            garbage = frames.request(b"\xff\xfe not protobuf", deadline=None)
+            reply = await bus.nc.request(subject, garbage, timeout=10)
+            status, body = frames.parse_reply(reply.data)
+            assert status == frames.ERROR
+            error = ParleyError.from_proto(common_pb2.Error.FromString(body))
             assert isinstance(error, InvalidArgument)
             assert error.code == "INVALID_PAYLOAD"
 
         page = P.ListPendingRequestsPageRequest(agent_id=agent, channel="discord").SerializeToString()
         as_double = page + bytes([3 << 3 | 1]) + struct.pack("<d", 1.5)
         reply = await bus.nc.request(
-            bus.subjects.rpc("pairing", "ListPendingRequestsPage"), as_double, timeout=10
+            bus.subjects.rpc("pairing", "ListPendingRequestsPage"),
+            frames.request(as_double, deadline=None),
+            timeout=10,
         )
-        error = ParleyError.from_proto(common_pb2.Error.FromString(reply.data))
+        status, body = frames.parse_reply(reply.data)
+        assert status == frames.ERROR
+        error = ParleyError.from_proto(common_pb2.Error.FromString(body))
         assert (error.code, error.message) == (
             "INVALID_PAGE",
             "limit must be an integer from 1 to 100, got a non-integer",

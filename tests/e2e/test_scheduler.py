@@ -34,6 +34,7 @@ from google.protobuf.field_mask_pb2 import FieldMask
 from parley.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from parley_cli.main import main as cli_main
 from parley_devinfra.infra import free_port
+from parley_platform import frames
 from parley_platform.bus import Bus
 from parley_platform.errors import InvalidArgument, NotFound
 from parley_platform.postgres import Database, migrate
@@ -682,8 +683,9 @@ async def test_bad_input_is_a_clear_invalid_argument_over_grpc_and_nats(
         )
         assert (status.HasField("task"), status.paused, status.executing) == (False, False, False)
         # Garbage on the wire: an error reply, and the service keeps serving.
-        reply = await bus.nc.request(f"{sched.namespace}.scheduler.CreateTask", b"\xff\xfe\x00", timeout=5)
-        assert (reply.headers or {}).get("Parley-Status") == "error"
+        garbage = frames.request(b"\xff\xfe\x00", deadline=None)
+        reply = await bus.nc.request(f"{sched.namespace}.scheduler.CreateTask", garbage, timeout=5)
+        assert frames.parse_reply(reply.data)[0] == frames.ERROR
         listed = await rpc.call(
             "scheduler",
             "ListTasks",

@@ -13,6 +13,7 @@ import pytest
 
 from parley.v1 import common_pb2
 from parley.v1.model_pb2 import GenerateRequest, GenerateResponse
+from parley_platform import frames
 from parley_platform.bus import Bus
 from parley_platform.errors import (
     Conflict,
@@ -28,7 +29,7 @@ from parley_platform.errors import (
     Unauthenticated,
     Unavailable,
 )
-from parley_platform.rpc import DEADLINE, STATUS, RpcClient, RpcServer
+from parley_platform.rpc import RpcClient, RpcServer
 from parley_platform.testing import eventually
 from support import SessionEnv
 
@@ -119,14 +120,20 @@ async def test_undecodable_request_is_invalid_payload(
 
     await serve(handler)
     subject = bus.subjects.rpc(service, "Generate")
-    # A truncated length-delimited field: no protobuf parser accepts it.
-    for garbage in (b"\x1a\x05ab", b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", b"\x1a\x02\xc3\x28"):
+    # A truncated length-delimited field: no protobuf parser accepts it. Each in the envelope, and
+    # the bytes alone, which are in no envelope (nor is a request of another protocol, or nothing).
+    bodies = (b"\x1a\x05ab", b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", b"\x1a\x02\xc3\x28")
+    unframed = [*bodies, b"", GenerateRequest(prompt="no envelope").SerializeToString()]
+    framed = [frames.request(body, deadline=None) for body in bodies]
+    for garbage in [*framed, *unframed]:
         reply = await bus.nc.request(subject, garbage, timeout=5)
-        assert (reply.headers or {}).get(STATUS) == "error"
-        envelope = common_pb2.Error.FromString(reply.data)
+        status, body = frames.parse_reply(reply.data)
+        assert status == frames.ERROR
+        envelope = common_pb2.Error.FromString(body)
         assert envelope.code == "INVALID_PAYLOAD"
         assert envelope.kind == common_pb2.ERROR_KIND_INVALID_ARGUMENT
         assert "parley.v1.GenerateRequest" in envelope.message
+        assert ("envelope" in envelope.message) == (garbage in unframed), envelope.message
     assert calls == []
 
 
@@ -175,12 +182,11 @@ async def test_caller_deadline_bounds_the_handler(
 
     # The server enforces the propagated deadline itself, and says so in the envelope.
     subject = bus.subjects.rpc(service, "Generate")
-    headers = {DEADLINE: f"{time.time() + 0.3:.3f}"}
-    reply = await bus.nc.request(
-        subject, GenerateRequest(prompt="b").SerializeToString(), timeout=5, headers=headers
-    )
-    assert (reply.headers or {}).get(STATUS) == "error"
-    envelope = common_pb2.Error.FromString(reply.data)
+    data = frames.request(GenerateRequest(prompt="b").SerializeToString(), deadline=time.time() + 0.3)
+    reply = await bus.nc.request(subject, data, timeout=5)
+    status, body = frames.parse_reply(reply.data)
+    assert status == frames.ERROR
+    envelope = common_pb2.Error.FromString(body)
     assert (envelope.kind, envelope.code) == (common_pb2.ERROR_KIND_DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED")
     assert cancelled == ["a", "b"]
 
@@ -195,14 +201,14 @@ async def test_expired_deadline_is_not_handled(
         return GenerateResponse()
 
     await serve(handler)
-    headers = {DEADLINE: f"{time.time() - 1:.3f}"}
     reply = await bus.nc.request(
         bus.subjects.rpc(service, "Generate"),
-        GenerateRequest().SerializeToString(),
+        frames.request(GenerateRequest().SerializeToString(), deadline=time.time() - 1),
         timeout=5,
-        headers=headers,
     )
-    envelope = common_pb2.Error.FromString(reply.data)
+    status, body = frames.parse_reply(reply.data)
+    assert status == frames.ERROR
+    envelope = common_pb2.Error.FromString(body)
     assert envelope.kind == common_pb2.ERROR_KIND_DEADLINE_EXCEEDED
     assert calls == []
 
@@ -316,3 +322,24 @@ async def test_stop_answers_requests_already_received(bus: Bus, service: str) ->
         await stopping
     assert [getattr(r, "text", r) for r in replies] == ["a", "b", "c"]
     assert time.monotonic() - started < 2, "queued requests waited out their deadline"
+
+
+async def test_a_reply_in_no_envelope_is_a_bad_reply(bus: Bus, service: str) -> None:
+    """A responder that does not speak the envelope (a plain protobuf reply, or an empty one) is
+    reported as such, not read as a response."""
+    subject = bus.subjects.rpc(service, "Generate")
+    answers = [GenerateResponse(text="no envelope").SerializeToString(), b""]
+
+    async def plain(msg: object) -> None:
+        await bus.nc.publish(msg.reply, answers.pop(0))  # type: ignore[attr-defined]
+
+    sub = await bus.nc.subscribe(subject, cb=plain)
+    try:
+        for _ in range(2):
+            with pytest.raises(ParleyError) as caught:
+                await RpcClient(bus).call(service, "Generate", GenerateRequest(), GenerateResponse, timeout=5)
+            assert caught.value.code == "BAD_REPLY"
+            assert "envelope" in caught.value.message
+    finally:
+        await sub.unsubscribe()
+    assert answers == []

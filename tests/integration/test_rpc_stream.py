@@ -6,6 +6,7 @@ without a stream id; concurrent streams kept apart."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -15,11 +16,10 @@ from nats.aio.msg import Msg
 
 from parley.v1 import common_pb2
 from parley.v1.model_pb2 import GenerateChunk, GenerateRequest
-from parley_platform import rpcstream
+from parley_platform import frames, rpcstream
 from parley_platform.bus import Bus
 from parley_platform.errors import ParleyError, Unavailable
 from parley_platform.rpc import RpcClient, RpcServer
-from parley_platform.rpcstream import DEADLINE, STATUS, STREAM
 from parley_platform.testing import eventually
 from support import SessionEnv
 
@@ -164,9 +164,10 @@ async def test_a_caller_that_stops_pinging_is_abandoned(
     sub = await bus.nc.subscribe(inbox)
     await bus.nc.publish(
         bus.subjects.rpc(service, "GenerateStream"),
-        GenerateRequest(prompt="p").SerializeToString(),
+        frames.request(
+            GenerateRequest(prompt="p").SerializeToString(), deadline=None, stream_id=uuid.uuid4().hex
+        ),
         reply=inbox,
-        headers={STREAM: uuid.uuid4().hex},
     )
     async with asyncio.timeout(5):
         await slow.cancelled.wait()
@@ -201,15 +202,22 @@ async def test_a_request_without_a_stream_id_is_refused(
     bus: Bus, service: str, serve: Callable[..., object]
 ) -> None:
     await serve(Slow(delay=0, count=1))  # type: ignore[operator]
+    request = GenerateRequest(prompt="p").SerializeToString()
     reply = await bus.nc.request(
         bus.subjects.rpc(service, "GenerateStream"),
-        GenerateRequest(prompt="p").SerializeToString(),
+        frames.request(request, deadline=time.time() + 60),
         timeout=5,
-        headers={DEADLINE: "9999999999"},
     )
-    assert reply.headers is not None
-    assert reply.headers[STATUS] == "error"
-    assert common_pb2.Error.FromString(reply.data).code == "INVALID_ARGUMENT"
+    status, body = frames.parse_reply(reply.data)
+    assert status == frames.ERROR
+    assert common_pb2.Error.FromString(body).code == "INVALID_ARGUMENT"
+    # Nor is a request in no envelope at all taken: it says what it expected.
+    reply = await bus.nc.request(bus.subjects.rpc(service, "GenerateStream"), request, timeout=5)
+    status, body = frames.parse_reply(reply.data)
+    assert status == frames.ERROR
+    error = common_pb2.Error.FromString(body)
+    assert error.code == "INVALID_PAYLOAD"
+    assert "parley.v1.GenerateRequest" in error.message
 
 
 async def test_concurrent_streams_do_not_cross(bus: Bus, service: str, serve: Callable[..., object]) -> None:
@@ -300,7 +308,8 @@ async def statuses_of_streams(bus: Bus, run: Callable[[], Awaitable[object]]) ->
     seen: list[tuple[str, int]] = []
 
     async def record(msg: Msg) -> None:
-        seen.append(((msg.headers or {}).get(STATUS, ""), len(msg.data)))
+        status, body = frames.parse_reply(msg.data)
+        seen.append((frames.STATUS_NAMES[status], len(body)))
 
     prefix = bus.nc.new_inbox().rsplit(".", 1)[0]
     sub = await bus.nc.subscribe(f"{prefix}.stream.*", cb=record)
@@ -367,7 +376,7 @@ async def test_an_error_after_a_burst_comes_after_its_items(
 async def test_a_caller_that_does_not_take_batches_gets_one_item_per_message(
     bus: Bus, service: str, serve: Callable[..., object]
 ) -> None:
-    """A caller of before batches (no ``Parley-Batch`` header) still reads every item as ``ok``."""
+    """A caller that does not take batches (no ``BATCH`` flag) reads every item as ``ok``."""
     await serve(Burst(count=25))  # type: ignore[operator]
     stream_id, inbox = rpcstream.stream_inbox(bus)
     received: asyncio.Queue[Msg] = asyncio.Queue()
@@ -379,17 +388,21 @@ async def test_a_caller_that_does_not_take_batches_gets_one_item_per_message(
     try:
         await bus.nc.publish(
             bus.subjects.rpc(service, "GenerateStream"),
-            GenerateRequest(prompt="p").SerializeToString(),
+            frames.request(
+                GenerateRequest(prompt="p").SerializeToString(),
+                deadline=time.time() + 60,
+                stream_id=stream_id,
+            ),
             reply=inbox,
-            headers={DEADLINE: "9999999999", STREAM: stream_id},
         )
         statuses = []
         async with asyncio.timeout(10):
             while not statuses or statuses[-1] != "end":
                 msg = await received.get()
-                statuses.append((msg.headers or {})[STATUS])
+                status, body = frames.parse_reply(msg.data)
+                statuses.append(frames.STATUS_NAMES[status])
                 if statuses[-1] == "ok":
-                    assert GenerateChunk.FromString(msg.data).text == f"{len(statuses) - 2:08d}"
+                    assert GenerateChunk.FromString(body).text == f"{len(statuses) - 2:08d}"
         assert statuses == ["open", *["ok"] * 25, "end"]
     finally:
         await sub.unsubscribe()

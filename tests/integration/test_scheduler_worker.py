@@ -16,9 +16,9 @@ from nats.aio.msg import Msg
 from parley.v1 import common_pb2, scheduler_pb2
 from parley_platform.bus import Bus
 from parley_platform.errors import InvalidArgument
-from parley_platform.rpc import STATUS
 from parley_platform.worker import (
     PROBE_HEADER,
+    STATUS,
     Lease,
     Task,
     TaskFailed,

@@ -44,7 +44,7 @@ from .messages import Chunk, Inbound, Reply
 
 log = get_logger(__name__)
 
-STATUS = "Parley-Status"  # parley_platform.rpc's reply header: "ok", or "error" with a parley.v1.Error
+STATUS = "Parley-Status"  # a cancel answer's header when it is an error (a parley.v1.Error)
 SEND_BACKOFF = Backoff(base=0.2, cap=5.0)
 CHUNK_BUFFER = 10_000
 

@@ -46,9 +46,7 @@ DEADLINE_EXCEEDED = define(
 INTERNAL = define(
     "INTERNAL", Kind.INTERNAL, "A bug: the handler failed unexpectedly.", hint="see the service log"
 )
-BAD_REPLY = define(
-    "BAD_REPLY", Kind.INTERNAL, "A NATS reply did not carry a status header or did not decode."
-)
+BAD_REPLY = define("BAD_REPLY", Kind.INTERNAL, "A NATS reply was not in the RPC envelope or did not decode.")
 
 # Start-up
 OPERATOR_TOKEN_REQUIRED = define(

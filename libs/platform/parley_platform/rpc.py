@@ -1,9 +1,9 @@
 """Request/reply over NATS carrying the protobuf contract.
 
 Subject ``<ns>.<service>.<Method>``, served in the queue group ``<service>`` so
-replicas share the load. A reply carries header ``Parley-Status: ok`` and the
-response message, or ``error`` and a ``parley.v1.Error`` envelope. The caller's
-deadline travels in ``Parley-Deadline`` (epoch seconds) and bounds the handler.
+replicas share the load. Requests and replies are in the envelope of ``frames``: the
+request carries the caller's deadline, which bounds the handler; the reply's status
+byte says whether the response message or a ``parley.v1.Error`` follows.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from nats.aio.msg import Msg
 
 from parley.v1 import common_pb2
 
-from . import codes
+from . import codes, frames
 from .bus import Bus, translate_nats_error
 from .errors import ParleyError
 from .logging import get_logger
@@ -29,9 +29,6 @@ from .outage import mark_remote
 from .rpcstream import IDLE_SECONDS, StreamHandler, call_stream, serve_stream
 
 log = get_logger(__name__)
-
-STATUS = "Parley-Status"
-DEADLINE = "Parley-Deadline"
 
 Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp", bound=Message)
@@ -97,12 +94,18 @@ class RpcServer:
         outcome = "ok"
         try:
             try:
-                request = request_type.FromString(msg.data)
+                framed = frames.parse_request(msg.data)
+            except frames.FrameError as exc:
+                raise codes.INVALID_PAYLOAD(
+                    f"{method}: the request is {exc}; expected a {request_type.DESCRIPTOR.full_name} in it"
+                ) from exc
+            try:
+                request = request_type.FromString(framed.body)
             except DecodeError as exc:
                 raise codes.INVALID_PAYLOAD(
                     f"{method}: request is not a valid {request_type.DESCRIPTOR.full_name}"
                 ) from exc
-            deadline = _deadline_of(msg)
+            deadline = framed.deadline
             if deadline is None:
                 response = await handler(request)
             else:
@@ -111,19 +114,19 @@ class RpcServer:
                     raise codes.DEADLINE_EXCEEDED(f"{method}: deadline passed before handling")
                 async with asyncio.timeout(remaining):
                     response = await handler(request)
-            await self._reply(msg, response.SerializeToString(), "ok")
+            await self._reply(msg, frames.reply(frames.OK, response.SerializeToString()))
         except ParleyError as exc:
             outcome = exc.code
-            await self._reply(msg, exc.to_proto().SerializeToString(), "error")
+            await self._reply(msg, frames.reply(frames.ERROR, exc.to_proto().SerializeToString()))
         except TimeoutError:
             outcome = "DEADLINE_EXCEEDED"
             timeout = codes.DEADLINE_EXCEEDED(f"{method}: caller's deadline exceeded")
-            await self._reply(msg, timeout.to_proto().SerializeToString(), "error")
+            await self._reply(msg, frames.reply(frames.ERROR, timeout.to_proto().SerializeToString()))
         except Exception:
             outcome = "INTERNAL"
             log.exception("rpc handler crashed", service=self.service, method=method)
             err = codes.INTERNAL(f"{method} failed unexpectedly")
-            await self._reply(msg, err.to_proto().SerializeToString(), "error")
+            await self._reply(msg, frames.reply(frames.ERROR, err.to_proto().SerializeToString()))
         finally:
             if self.metrics:
                 self._observer(method, outcome).observe(time.perf_counter() - started)
@@ -156,11 +159,11 @@ class RpcServer:
             self._observers[(method, outcome)] = observer
         return observer
 
-    async def _reply(self, msg: Msg, data: bytes, status: str) -> None:
+    async def _reply(self, msg: Msg, data: bytes) -> None:
         if not msg.reply:
             return
         with contextlib.suppress(nats.errors.Error):
-            await self.bus.nc.publish(msg.reply, data, headers={STATUS: status})
+            await self.bus.nc.publish(msg.reply, data)
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop taking requests, answer the ones already received, wait for those being served."""
@@ -174,16 +177,6 @@ class RpcServer:
                 await asyncio.gather(*(sub.drain() for sub in subs), return_exceptions=True)
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=max(0.0, deadline - loop.time()))
-
-
-def _deadline_of(msg: Msg) -> float | None:
-    raw = (msg.headers or {}).get(DEADLINE)
-    if not raw:
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        return None
 
 
 async def _naming_dependency(items: AsyncIterator[Resp], service: str) -> AsyncIterator[Resp]:
@@ -224,23 +217,25 @@ class RpcClient:
         self, service: str, method: str, request: Message, response_type: type[Resp], *, timeout: float = 10.0
     ) -> Resp:
         subject = self.bus.subjects.rpc(service, method)
-        headers = {DEADLINE: f"{time.time() + timeout:.3f}"}
+        data = frames.request(request.SerializeToString(), deadline=time.time() + timeout)
         try:
-            reply = await self.bus.nc.request(
-                subject, request.SerializeToString(), timeout=timeout, headers=headers
-            )
+            reply = await self.bus.nc.request(subject, data, timeout=timeout)
         except (TimeoutError, nats.errors.Error) as exc:
             if self.bus.denied(subject):
                 raise codes.NATS_PERMISSION_DENIED(
                     f"{service}.{method}: the NATS server does not let this identity call it"
                 ) from exc
             raise mark_remote(translate_nats_error(exc, f"{service}.{method}"), service) from exc
-        status = (reply.headers or {}).get(STATUS)
         try:
-            if status == "error":
-                raise mark_remote(ParleyError.from_proto(common_pb2.Error.FromString(reply.data)), service)
-            if status != "ok":
-                raise codes.BAD_REPLY(f"{service}.{method}: reply without {STATUS} header")
-            return response_type.FromString(reply.data)
+            status, body = frames.parse_reply(reply.data)
+            if status == frames.ERROR:
+                raise mark_remote(ParleyError.from_proto(common_pb2.Error.FromString(body)), service)
+            if status != frames.OK:
+                raise codes.BAD_REPLY(
+                    f"{service}.{method}: a reply with status {frames.STATUS_NAMES[status]}"
+                )
+            return response_type.FromString(body)
+        except frames.FrameError as exc:
+            raise codes.BAD_REPLY(f"{service}.{method}: the reply is {exc}") from exc
         except DecodeError as exc:
             raise codes.BAD_REPLY(f"{service}.{method}: reply does not decode") from exc

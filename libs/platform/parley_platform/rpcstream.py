@@ -2,13 +2,13 @@
 
 The caller picks a stream id and subscribes to its own stream inbox
 ``_INBOX.<identity>.stream.<id>``, then publishes the request on ``<ns>.<service>.<Method>`` with
-that inbox as reply subject and the id in ``Parley-Stream`` (one replica of the queue group takes
-it). The server answers on the inbox, every message with a ``Parley-Status`` header:
+that inbox as reply subject and the id in the request's envelope (``frames``; one replica of the
+queue group takes it). The server answers on the inbox, every message led by a status byte:
 
 - ``open`` (empty): the stream is being served; sent at once, before the first item;
 - ``ok``: one item (the method's response message);
 - ``items``: several items that were ready together, each a 4-byte big-endian length and the
-  item's bytes (only to a caller whose request said ``Parley-Batch: 1``; a handler that yields
+  item's bytes (only to a caller whose request has the ``BATCH`` flag; a handler that yields
   without waiting, like a model answering at once, costs one message instead of one per item);
 - ``end`` (empty): the last message of a completed stream;
 - ``error``: a ``parley.v1.Error`` envelope; the stream is over.
@@ -19,7 +19,7 @@ service hears through one subscription (``<ns>.<service>.stream.*``) and the ser
 the end (it closed the iterator, or its task was cancelled). The server cancels the handler's
 task, so the handler (a model provider's generator) sees ``CancelledError`` where it waits, when a
 cancel arrives, when no ping came for ``idle_seconds`` (the caller crashed or lost NATS), or when
-the caller's deadline (``Parley-Deadline``) passes. The caller gives up, with
+the caller's deadline (in the request's envelope) passes. The caller gives up, with
 ``DEADLINE_EXCEEDED``, when nothing arrives for its idle timeout or its deadline passes.
 
 Neither side subscribes per stream: a connection has one subscription for all its streams'
@@ -44,19 +44,15 @@ from nats.aio.msg import Msg
 
 from parley.v1 import common_pb2
 
-from . import codes
+from . import codes, frames
 from .bus import Bus, translate_nats_error
 from .errors import ParleyError
 from .logging import get_logger
 
 log = get_logger(__name__)
 
-STATUS = "Parley-Status"
-DEADLINE = "Parley-Deadline"
-STREAM = "Parley-Stream"
-BATCH = "Parley-Batch"
 BATCH_BYTES = 64 * 1024  # well under NATS's smallest usual max_payload (1 MiB)
-OPEN, OK, ITEMS, END, ERROR = "open", "ok", "items", "end", "error"
+OPEN, OK, ITEMS, END, ERROR = frames.OPEN, frames.OK, frames.ITEMS, frames.END, frames.ERROR
 PING, CANCEL = b"ping", b"cancel"
 HEARTBEAT_SECONDS = 2.0
 IDLE_SECONDS = 10.0  # the server's patience without a ping: five heartbeats
@@ -134,23 +130,27 @@ async def serve_stream(
 ) -> str:
     """Serve one streamed call; returns its outcome (``ok``, ``CANCELLED``, an error code)."""
     reply = msg.reply
-    headers = msg.headers or {}
-    stream_id = headers.get(STREAM, "")
     if not reply:
         return "INVALID_ARGUMENT"  # nowhere to answer
+    try:
+        framed = frames.parse_request(msg.data)
+    except frames.FrameError as exc:
+        expected = request_type.DESCRIPTOR.full_name
+        error = codes.INVALID_PAYLOAD(f"{method}: the request is {exc}; expected a {expected} in it")
+        await _send(bus, reply, ERROR, error)
+        return error.code
+    stream_id = framed.stream_id
     if not _STREAM_ID.match(stream_id):
-        await _send(
-            bus, reply, ERROR, codes.INVALID_ARGUMENT(f"{method}: {STREAM} header missing or invalid")
-        )
+        await _send(bus, reply, ERROR, codes.INVALID_ARGUMENT(f"{method}: stream id missing or invalid"))
         return "INVALID_ARGUMENT"
     try:
-        request = request_type.FromString(msg.data)
+        request = request_type.FromString(framed.body)
     except DecodeError:
         error = codes.INVALID_PAYLOAD(f"{method}: request is not a valid {request_type.DESCRIPTOR.full_name}")
         await _send(bus, reply, ERROR, error)
         return error.code
     loop = asyncio.get_running_loop()
-    deadline = _deadline_of(headers)
+    deadline = framed.deadline
     heard = loop.time()
     cancelled = asyncio.Event()
 
@@ -163,7 +163,7 @@ async def serve_stream(
     controls = router(bus, control_subject(bus, service, "").rstrip("."))
     await controls.add(stream_id, on_control)
     await _send(bus, reply, OPEN)
-    pump_items = _pump_batches if headers.get(BATCH) == "1" else _pump
+    pump_items = _pump_batches if framed.batch else _pump
     pump = asyncio.create_task(pump_items(bus, reply, handler(request), method))
     stop = asyncio.create_task(cancelled.wait())
     try:
@@ -283,20 +283,13 @@ def _unframed(data: bytes) -> Iterator[bytes]:
         at += 4 + size
 
 
-async def _send(bus: Bus, reply: str, status: str, error: ParleyError | None = None) -> None:
+async def _send(bus: Bus, reply: str, status: int, error: ParleyError | None = None) -> None:
     await _publish(bus, reply, error.to_proto().SerializeToString() if error else b"", status)
 
 
-async def _publish(bus: Bus, subject: str, data: bytes, status: str) -> None:
+async def _publish(bus: Bus, subject: str, data: bytes, status: int) -> None:
     with contextlib.suppress(nats.errors.Error):
-        await bus.nc.publish(subject, data, headers={STATUS: status})
-
-
-def _deadline_of(headers: dict[str, str]) -> float | None:
-    try:
-        return float(headers[DEADLINE])
-    except (KeyError, ValueError):
-        return None
+        await bus.nc.publish(subject, frames.reply(status, data))
 
 
 async def call_stream(
@@ -329,9 +322,11 @@ async def call_stream(
     inboxes = router(bus, inbox.rpartition(".")[0])
     await inboxes.add(stream_id, on_message)
     try:
-        headers = {DEADLINE: f"{time.time() + timeout:.3f}", STREAM: stream_id, BATCH: "1"}
+        data = frames.request(
+            request.SerializeToString(), deadline=time.time() + timeout, stream_id=stream_id, batch=True
+        )
         try:
-            await bus.nc.publish(subject, request.SerializeToString(), reply=inbox, headers=headers)
+            await bus.nc.publish(subject, data, reply=inbox)
         except nats.errors.Error as exc:
             raise translate_nats_error(exc, what) from exc
         while True:
@@ -347,23 +342,25 @@ async def call_stream(
                 raise codes.DEADLINE_EXCEEDED(
                     f"{what}: {'no answer' if not opened else 'the stream went quiet'} within {wait:.1f}s"
                 ) from exc
-            headers_in = msg.headers or {}
-            status = headers_in.get(STATUS)
-            if status is None and headers_in.get("Status") == "503":
+            if not msg.data and (msg.headers or {}).get("Status") == "503":  # the server's own
                 finished = True
                 raise codes.NO_RESPONDERS(f"{what}: no replica serves it")
+            try:
+                status, body = frames.parse_reply(msg.data)
+            except frames.FrameError as exc:
+                raise codes.BAD_REPLY(f"{what}: a streamed message is {exc}") from exc
             if status == OPEN:
                 opened = True
                 heartbeat = asyncio.create_task(_heartbeat(bus, control))
             elif status == OK:
                 try:
-                    item = response_type.FromString(msg.data)
+                    item = response_type.FromString(body)
                 except DecodeError as exc:
                     raise codes.BAD_REPLY(f"{what}: a streamed item does not decode") from exc
                 yield item
             elif status == ITEMS:
                 try:
-                    batch = [response_type.FromString(data) for data in _unframed(msg.data)]
+                    batch = [response_type.FromString(data) for data in _unframed(body)]
                 except (DecodeError, ValueError) as exc:
                     raise codes.BAD_REPLY(f"{what}: a batch of streamed items does not decode") from exc
                 for item in batch:
@@ -374,12 +371,12 @@ async def call_stream(
             elif status == ERROR:
                 finished = True
                 try:
-                    error = common_pb2.Error.FromString(msg.data)
+                    error = common_pb2.Error.FromString(body)
                 except DecodeError as exc:
                     raise codes.BAD_REPLY(f"{what}: an error does not decode") from exc
                 raise ParleyError.from_proto(error)
-            else:
-                raise codes.BAD_REPLY(f"{what}: a streamed message without {STATUS} header")
+            else:  # frames.parse_reply admits no other status
+                raise codes.BAD_REPLY(f"{what}: a streamed message with status {status}")
     finally:
         if heartbeat is not None:
             heartbeat.cancel()

@@ -56,12 +56,14 @@ from .convert import datetime_of
 from .errors import ParleyError
 from .logging import get_logger
 from .metrics import LATENCY_BUCKETS
-from .rpc import STATUS, RpcClient
+from .rpc import RpcClient
 
 log = get_logger(__name__)
 
 QUEUE_GROUP = "tasks"
 PROBE_HEADER = "Parley-Probe"
+# A worker's reply says ok or error (a parley.v1.Error) in this header.
+STATUS = "Parley-Status"
 MAX_ERROR_CHARS = 2000
 
 

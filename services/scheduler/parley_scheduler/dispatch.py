@@ -31,8 +31,7 @@ from parley_platform.convert import datetime_of, timestamp
 from parley_platform.errors import ParleyError
 from parley_platform.logging import get_logger
 from parley_platform.retry import Backoff, retrying
-from parley_platform.rpc import STATUS
-from parley_platform.worker import run_subject
+from parley_platform.worker import STATUS, run_subject
 
 from . import domain, rules
 from .completer import Completer
