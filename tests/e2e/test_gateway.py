@@ -26,7 +26,7 @@ from parley_platform.bus import Bus
 from parley_platform.errors import InvalidArgument, ParleyError, ResourceExhausted
 from parley_platform.grpcserver import error_from_rpc_error
 from parley_platform.rpc import RpcClient
-from parley_platform.testing import ServiceProcess, eventually
+from parley_platform.testing import ServiceProcess, create_database, drop_database, eventually
 from support import ROOT, SessionEnv
 
 RULES = {
@@ -418,14 +418,20 @@ async def _true(value: bool) -> bool:
     return value
 
 
-async def test_sections_from_several_replicas_share_one_call(
-    gw: ServiceProcess, test_env: SessionEnv
-) -> None:
-    """Two runtime replicas (separate NATS connections) register sections; one drain packs them together."""
-    buses = [
-        await Bus.connect(test_env.nats_url, name=f"replica-{i}", namespace=GATEWAY_NAMESPACE)
-        for i in range(2)
-    ]
+async def test_sections_from_several_replicas_share_one_call(test_env: SessionEnv, tmp_path: Path) -> None:
+    """Two runtime replicas (separate NATS connections) register sections; one drain packs them
+    together. A gateway and a database of its own, whose timer does not tick during the test: a
+    self-draining gateway drains every pending section of its database at its next tick (the
+    module's, every 50 ms), which could take the first section before the second is registered,
+    and the drain asked for here would find nothing."""
+    namespace = f"g{secrets.token_hex(4)}"
+    database = f"gw_{secrets.token_hex(4)}"
+    url = create_database(test_env.server_database_url, database)
+    process = gateway(
+        test_env, tmp_path, namespace, PARLEY_BATCHER_TICK_MS="60000", PARLEY_DATABASE_URL=url
+    ).start()
+    await process.wait_ready()
+    buses = [await Bus.connect(test_env.nats_url, name=f"replica-{i}", namespace=namespace) for i in range(2)]
     clients = [BatcherClient(bus, "agent-shared", timeout=10) for bus in buses]
     try:
         futures = []
@@ -445,6 +451,8 @@ async def test_sections_from_several_replicas_share_one_call(
             await client.dispose()
         for bus in buses:
             await bus.close()
+        process.stop()
+        drop_database(test_env.server_database_url, database)
 
 
 @pytest.mark.parametrize(
