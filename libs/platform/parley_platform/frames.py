@@ -11,9 +11,11 @@ deadline in milliseconds since the epoch (8 bytes, big-endian; 0: none), the str
 Reply (and each message of a stream): one status byte (``OK``, ``ERROR``, and for streams
 ``OPEN``, ``ITEMS``, ``END``), then the response, a ``parley.v1.Error``, or nothing.
 
-The first byte of a protobuf message is a field's tag, never ``0xB1`` followed by these fields
-by accident in practice, and never 0–4 (field number 0 does not exist): a caller or server that
-does not speak this envelope is told so (``INVALID_PAYLOAD``, ``BAD_REPLY``) rather than misread.
+A reply's status byte 0–4 is never the first byte of a protobuf message (a field's tag, and
+field number 0 does not exist), so a reply in no envelope is told apart for certain
+(``BAD_REPLY``). A bare protobuf request is told apart unless it happens to begin with ``0xB1``
+(field 22 as a fixed64) and the bytes after it read as the envelope's fields; otherwise the
+server answers ``INVALID_PAYLOAD`` saying what it expected, rather than misreading it.
 """
 
 from __future__ import annotations

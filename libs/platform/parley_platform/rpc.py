@@ -117,16 +117,14 @@ class RpcServer:
             await self._reply(msg, frames.reply(frames.OK, response.SerializeToString()))
         except ParleyError as exc:
             outcome = exc.code
-            await self._reply(msg, frames.reply(frames.ERROR, exc.to_proto().SerializeToString()))
+            await self._fail(msg, exc)
         except TimeoutError:
             outcome = "DEADLINE_EXCEEDED"
-            timeout = codes.DEADLINE_EXCEEDED(f"{method}: caller's deadline exceeded")
-            await self._reply(msg, frames.reply(frames.ERROR, timeout.to_proto().SerializeToString()))
+            await self._fail(msg, codes.DEADLINE_EXCEEDED(f"{method}: caller's deadline exceeded"))
         except Exception:
             outcome = "INTERNAL"
             log.exception("rpc handler crashed", service=self.service, method=method)
-            err = codes.INTERNAL(f"{method} failed unexpectedly")
-            await self._reply(msg, frames.reply(frames.ERROR, err.to_proto().SerializeToString()))
+            await self._fail(msg, codes.INTERNAL(f"{method} failed unexpectedly"))
         finally:
             if self.metrics:
                 self._observer(method, outcome).observe(time.perf_counter() - started)
@@ -158,6 +156,9 @@ class RpcServer:
             observer = self.metrics.rpc.labels(f"{self.service}.{method}", outcome)
             self._observers[(method, outcome)] = observer
         return observer
+
+    async def _fail(self, msg: Msg, error: ParleyError) -> None:
+        await self._reply(msg, frames.reply(frames.ERROR, error.to_proto().SerializeToString()))
 
     async def _reply(self, msg: Msg, data: bytes) -> None:
         if not msg.reply:
