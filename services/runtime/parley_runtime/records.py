@@ -117,6 +117,9 @@ class Ingested:
     custom_action_revision: int | None = None
     has_facts: bool | None = None
     has_documents: bool | None = None
+    # The room's latest replies before this message, saved in the last minutes (for a turn that
+    # runs): they go on the outbound stream before this turn's own (Outbox.publish_turn, turn/ports.py).
+    earlier_replies: list[StoredReply] = field(default_factory=list)
 
     @classmethod
     def from_row(cls, row: Row) -> Ingested:
@@ -137,6 +140,9 @@ class Ingested:
             custom_action_revision=int(row["custom_action_revision"] or 0) if running else None,
             has_facts=row["has_facts"] if running else None,
             has_documents=row["has_documents"] if running else None,
+            earlier_replies=[
+                StoredReply(uuid.UUID(r["id"]), r["content"]) for r in row.get("earlier_replies") or []
+            ],
         )
 
     @property

@@ -110,8 +110,12 @@ class RuntimeStore:
         trajectory: dict[str, Any] | None,
         keep: bool,
     ) -> str | None:
-        """Returns 'replied', 'superseded', or None when a copy of the message holds the turn."""
-        row = await self.db.fetchone(
+        """Returns 'replied', 'superseded', or None when a copy of the message holds the turn.
+
+        The turn's one synchronous commit: the saves of turns finishing together are one group
+        (``Database.fetchone_grouped``), one round trip and one WAL flush. It delays each turn's
+        publish behind its group, which ordering does not depend on (``Outbox.publish_turn``)."""
+        row = await self.db.fetchone_grouped(
             Q["save_replies"],
             {
                 "agent_id": agent_id,

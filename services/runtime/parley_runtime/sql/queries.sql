@@ -66,7 +66,12 @@ WITH prev AS (
     ON CONFLICT (agent_id, id) DO UPDATE
        SET turn_epoch = excluded.turn_epoch, turn_seq = excluded.turn_seq, turn_token = room.turn_token + 1
      WHERE (room.turn_epoch, room.turn_seq) <= (excluded.turn_epoch, excluded.turn_seq)
-    RETURNING turn_token
+    -- The room's latest replies (save_replies), from the row this statement updated: it waited
+    -- for their commit if it had to, so they are the ones before this message. Not when older
+    -- than half the outbound stream's duplicate window: publishing them again could duplicate.
+    RETURNING turn_token,
+              CASE WHEN room.replied_at > clock_timestamp() - interval '5 minutes' THEN room.replies END
+                  AS earlier_replies
 ), p AS (
     -- A copy of a finished message (which creates no room) naming a room that does not exist
     -- adds no participant: it is a duplicate, acked as such, not a database error.
@@ -107,6 +112,7 @@ WITH prev AS (
 SELECT t.state, t.attempts, t.response_id, (SELECT turn_token FROM r) AS lease_token,
        (SELECT state FROM prev) AS previous_state,
        (SELECT response_id FROM prev) AS previous_response_id,
+       (SELECT earlier_replies FROM r WHERE t.state = 'running') AS earlier_replies,
        -- What the turn needs to decide, read in the same round trip (only when it will run).
        (SELECT jsonb_build_object('state', ap.user_state, 'until', ap.mute_until)
           FROM runtime.participant ap
@@ -156,12 +162,15 @@ SELECT t.state, t.attempts, t.response_id, (SELECT turn_token FROM r) AS lease_t
 -- message (lease_token changed) is left to that copy: no row comes back.
 -- The replies are published after this; a redelivery of a replied turn
 -- publishes the stored replies again under the same ids, so JetStream drops them.
--- FOR SHARE orders this statement with a newer message taking the room: that one waits
--- until this reply is saved, or this one sees its new token and is superseded.
+-- Locking the room's row orders this statement with a newer message taking the room: that one
+-- waits until this reply is saved, or this one sees its new token and is superseded. The
+-- replies are also kept on the room's row (while the lease is held): the ingest of the room's
+-- next message reads them, and that turn makes sure they are on the outbound stream before its
+-- own (Outbox.publish_turn, turn/ports.py), wherever they were saved.
 WITH room_lease AS (
     SELECT 1 FROM runtime.room
      WHERE agent_id = %(agent_id)s AND id = %(room_id)s AND turn_token = %(lease_token)s
-       FOR SHARE
+       FOR NO KEY UPDATE
 ), lease AS (
     SELECT %(keep)s OR EXISTS (SELECT 1 FROM room_lease) AS held
 ), m AS (
@@ -170,15 +179,25 @@ WITH room_lease AS (
       FROM lease, unnest(%(response_ids)s::uuid[], %(contents)s::jsonb[]) AS r (id, content)
      WHERE lease.held
     ON CONFLICT DO NOTHING
+), t AS (
+    UPDATE runtime.turn
+       SET response_id = CASE WHEN lease.held THEN (%(response_ids)s::uuid[])[1] END,
+           state = CASE WHEN lease.held THEN 'replied' ELSE 'superseded' END,
+           finished_at = clock_timestamp(),
+           trajectory = %(trajectory)s
+      FROM lease
+     WHERE agent_id = %(agent_id)s AND id = %(turn_id)s AND state = 'running' AND lease_token = %(lease_token)s
+    RETURNING state
+), kept AS (
+    UPDATE runtime.room
+       SET replied_at = clock_timestamp(),
+           replies = (SELECT jsonb_agg(jsonb_build_object('id', r.id, 'content', r.content) ORDER BY r.n)
+                        FROM unnest(%(response_ids)s::uuid[], %(contents)s::jsonb[]) WITH ORDINALITY
+                             AS r (id, content, n))
+     WHERE agent_id = %(agent_id)s AND id = %(room_id)s AND turn_token = %(lease_token)s
+       AND EXISTS (SELECT 1 FROM t WHERE t.state = 'replied')
 )
-UPDATE runtime.turn
-   SET response_id = CASE WHEN lease.held THEN (%(response_ids)s::uuid[])[1] END,
-       state = CASE WHEN lease.held THEN 'replied' ELSE 'superseded' END,
-       finished_at = clock_timestamp(),
-       trajectory = %(trajectory)s
-  FROM lease
- WHERE agent_id = %(agent_id)s AND id = %(turn_id)s AND state = 'running' AND lease_token = %(lease_token)s
-RETURNING state;
+SELECT state FROM t;
 
 -- finish_turn --
 -- Only the holder of the turn's lease finishes it; without a token (the last

@@ -50,6 +50,10 @@ CREATE TABLE runtime.room (
     turn_epoch  bigint NOT NULL DEFAULT 0,  -- see the turn's stream_epoch
     turn_token  bigint NOT NULL DEFAULT 0,
     created_at  timestamptz NOT NULL DEFAULT now(),
+    -- The latest replies ([{id, content}]) saved while their turn held the lease, and when: the
+    -- room's next turn puts them on the outbound stream before its own (Outbox.publish_turn, turn/ports.py).
+    replies     jsonb,
+    replied_at  timestamptz,
     PRIMARY KEY (agent_id, id),
     FOREIGN KEY (agent_id, world_id) REFERENCES runtime.world (agent_id, id)
 );

@@ -8,8 +8,10 @@ Stages, runtime services and the confirmation flow take ``Ports``; none reaches 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -19,6 +21,7 @@ from parley.v1.model_nats import ModelGatewayClient
 from parley_clients.batcher import BatcherClient
 from parley_clients.pairing import PairingGate
 from parley_platform.bus import Bus
+from parley_platform.convert import set_now
 from parley_platform.errors import ParleyError
 
 from ..agents.directory import AgentInfo
@@ -86,17 +89,62 @@ class Model:
 
 
 class Outbox:
-    """Replies to the connectors, durably on PARLEY_OUTBOUND under the reply's id (deduplicated)."""
+    """Replies to the connectors, durably on PARLEY_OUTBOUND under the reply's id (deduplicated).
+
+    A turn's replies go out in its room's message order (``publish_turn``): before them, the room's
+    earlier replies, which the ingest read from the room's row (the latest saved before this
+    message took the room), must be on the stream. The turn that saved them publishes them right
+    after their commit, but on another replica, or late (a busy process, a crash before its
+    publish), it could come after this turn's. So when this process has published them itself it
+    goes on (or waits for that publish, still under way); otherwise it publishes them again under
+    their ids first, and JetStream keeps whichever copy came first."""
+
+    ROOMS_REMEMBERED = 4096  # rooms whose last publish this process remembers (the oldest forgotten)
 
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
+        # Per room, the first id of the replies this process published last, and whether that
+        # publish succeeded (pending while under way).
+        self._last: OrderedDict[uuid.UUID, tuple[uuid.UUID, asyncio.Future[bool]]] = OrderedDict()
 
-    async def publish(self, agent_id: uuid.UUID, room_id: uuid.UUID, reply: Reply) -> None:
-        await self.bus.publish(
+    async def publish(self, agent_id: uuid.UUID, room_id: uuid.UUID, reply: Reply) -> bool:
+        """Publishes one reply; False when the stream already had it (a duplicate)."""
+        return await self.bus.publish(
             self.bus.subjects.outbound(str(agent_id), reply.source),
             reply.outbound(agent_id, room_id).SerializeToString(),
             msg_id=str(reply.id),
         )
+
+    async def publish_turn(
+        self, agent_id: uuid.UUID, room_id: uuid.UUID, replies: Sequence[Reply], earlier: Sequence[Reply]
+    ) -> int:
+        """Publishes a turn's replies after the room's ``earlier`` ones; returns how many of those
+        this call put on the stream (their own turn had not published them yet)."""
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        previous = self._last.pop(room_id, None)
+        self._last[room_id] = (replies[0].id, done)
+        if len(self._last) > self.ROOMS_REMEMBERED:
+            self._last.popitem(last=False)
+        stored = 0
+        try:
+            if earlier and not await _published(previous, earlier[0].id):
+                for reply in earlier:
+                    stored += await self.publish(agent_id, room_id, reply)
+            for reply in replies:
+                await self.publish(agent_id, room_id, reply)
+        except BaseException:
+            done.set_result(False)
+            raise
+        done.set_result(True)
+        return stored
+
+
+async def _published(previous: tuple[uuid.UUID, asyncio.Future[bool]] | None, first_id: uuid.UUID) -> bool:
+    """Whether this process published the replies starting with ``first_id`` (waiting for that
+    publish when it is still under way)."""
+    if previous is None or previous[0] != first_id:
+        return False
+    return await asyncio.shield(previous[1])
 
 
 EventListener = Callable[[AgentInfo, str, uuid.UUID, uuid.UUID, Mapping[str, str]], None]
@@ -123,7 +171,7 @@ class Events:
             turn_id=str(turn),
             attributes=agent.redactor.redact_obj(attributes),
         )
-        event.at.GetCurrentTime()
+        set_now(event.at)
         with contextlib.suppress(ParleyError):
             await self.bus.publish_core(
                 self.bus.subjects.events(str(agent.id), event_type), event.SerializeToString()

@@ -27,6 +27,7 @@ class TurnSettings:
     provider_timeout: float
     trajectory_logging: bool
     embed_messages: bool = True
+    embedding_window: float = 0.0  # seconds the turns' embeddings gather before one call and statement
 
 
 class TurnMetrics:
@@ -70,6 +71,12 @@ class TurnMetrics:
             "parley_providers_failed_total",
             "Providers that failed or timed out",
             ["provider"],
+            registry=registry,
+        )
+        self.earlier_published = Counter(
+            "parley_replies_published_for_order_total",
+            "A room's earlier replies a turn put on the outbound stream before its own (their turn "
+            "had not published them yet)",
             registry=registry,
         )
         self.autonomous = Counter(

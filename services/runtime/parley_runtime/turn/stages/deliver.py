@@ -1,6 +1,8 @@
 """deliver: the replies are stored (only while the turn still holds the room's lease), then
-published to the connector; a turn that lost the room to a newer message is superseded and says
-nothing. The inbound message is acked after this, so a reply is durable before its message is."""
+published to the connector, after the room's earlier replies (``Outbox.publish_turn``: in message
+order, whichever replica saved those); a turn that lost the room to a newer message is superseded
+and says nothing. The inbound message is acked after this, so a reply is durable before its
+message is."""
 
 from __future__ import annotations
 
@@ -97,8 +99,15 @@ class Deliver(Stage):
             self.metrics.superseded.inc()
             log.info("reply discarded: a newer message arrived", agent_id=str(agent.id), turn_id=str(turn.id))
             return "superseded"
+        earlier = [
+            Reply.from_content(r.id, r.content, channel_id=turn.message.proto.channel_id)
+            for r in turn.ingested.earlier_replies
+        ]
+        stored = await self.outbox.publish_turn(agent.id, turn.room_id, replies, earlier)
+        if stored:
+            self.metrics.earlier_published.inc(stored)
+            log.info("published a room's earlier replies first", turn_id=str(turn.id), replies=stored)
         for reply in replies:
-            await self.outbox.publish(agent.id, turn.room_id, reply)
             await self.events.emit(agent, "MESSAGE_SENT", turn.id, turn.room_id, response_id=str(reply.id))
         await self._end_stream(turn, replies[0])
         return "replied"
