@@ -1,22 +1,27 @@
-"""The turns' message embeddings, batched (turn/embeddings.py), against a real PostgreSQL: concurrent
-turns share statements, every embedding lands, and a failed statement reaches the callers of its
-batch without stopping later batches."""
+"""The turns' message embeddings, batched (turn/embeddings.py), against a real PostgreSQL: turns
+finishing together share one embedding call and one statement, every embedding lands, and a text
+or vector refused in a shared call or statement fails only the turn it came from.
+
+The embedding calls go to ``Embedder``, which computes a vector from each text the way a model
+would be asked to (one call for a list of texts) and counts the calls; the statements are real."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import struct
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 
 import psycopg
 import pytest
 
+from parley_platform import codes
 from parley_platform.errors import ParleyError
 from parley_platform.postgres import Database, Vector, migrate
 from parley_runtime.store import MIGRATIONS_DIR, SCHEMA, RuntimeStore
-from parley_runtime.turn.embeddings import EmbeddingWriter
+from parley_runtime.turn.embeddings import MAX_TEXTS, MessageEmbeddings
 from support import SessionEnv
 
 DIMS = 8
@@ -32,6 +37,21 @@ class CountingStore(RuntimeStore):
     ) -> None:
         self.statements += 1
         await super().set_embeddings(agent_id, embeddings)
+
+
+class Embedder:
+    """Embeds "fact <i>" as ``vector(i)``, "nan" as a vector the database refuses, and refuses a
+    "too long" text as the gateway would (INVALID_ARGUMENT); it records each call's texts."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    async def __call__(self, texts: Sequence[str], agent_id: uuid.UUID) -> list[list[float]]:
+        self.calls.append(list(texts))
+        await asyncio.sleep(0)  # a call takes a while: others arrive meanwhile
+        if "too long" in texts:
+            raise codes.INVALID_ARGUMENT("texts[0] is over 65536 characters")
+        return [[float("nan")] * DIMS if t == "nan" else vector(int(t.split()[1])) for t in texts]
 
 
 @pytest.fixture(scope="module")
@@ -75,49 +95,121 @@ async def stored(db: Database, agent_id: uuid.UUID) -> dict[uuid.UUID, float | N
     return {r["id"]: r["first"] for r in rows}
 
 
-async def test_concurrent_turns_share_statements_and_every_embedding_lands(db: Database) -> None:
-    store = CountingStore(db)
+async def test_concurrent_turns_share_calls_and_statements_and_every_embedding_lands(db: Database) -> None:
+    store, embed = CountingStore(db), Embedder()
     agent_id, ids = await memories(store, 40)
     other_agent, other_ids = await memories(store, 10)
-    writer = EmbeddingWriter(store)
+    embeddings = MessageEmbeddings(store, embed)
     await asyncio.gather(
-        *(writer.write(agent_id, [(m, vector(i))]) for i, m in enumerate(ids)),
-        *(writer.write(other_agent, [(m, vector(100 + i))]) for i, m in enumerate(other_ids)),
+        *(embeddings.add(agent_id, [(m, f"fact {i}")]) for i, m in enumerate(ids)),
+        *(embeddings.add(other_agent, [(m, f"fact {100 + i}")]) for i, m in enumerate(other_ids)),
     )
-    # The first write starts a batch alone; the other 49 arrive while it runs and form the next,
-    # one statement per agent.
-    assert store.statements <= 3, store.statements
+    # All 50 were handed over before the event loop's next turn: one call and one statement per
+    # agent.
+    assert store.statements == 2, store.statements
+    assert sorted(len(texts) for texts in embed.calls) == [10, 40]
     assert await stored(db, agent_id) == {m: float(i) for i, m in enumerate(ids)}
     assert await stored(db, other_agent) == {m: float(100 + i) for i, m in enumerate(other_ids)}
 
 
-async def test_a_lone_write_is_its_own_statement(db: Database) -> None:
-    store = CountingStore(db)
+async def test_turns_within_the_window_share_one_call_and_one_statement(db: Database) -> None:
+    """Sequential turns (each hands its texts over after the previous one's) within the window
+    share the batch; a turn after it starts the next one."""
+    store, embed = CountingStore(db), Embedder()
+    agent_id, ids = await memories(store, 6)
+    embeddings = MessageEmbeddings(store, embed, window=0.3)
+    started = time.monotonic()
+    waiting = []
+    for i, m in enumerate(ids[:5]):
+        waiting.append(asyncio.create_task(embeddings.add(agent_id, [(m, f"fact {i}")])))
+        await asyncio.sleep(0.01)
+    await asyncio.gather(*waiting)
+    assert time.monotonic() - started >= 0.3  # they waited for the window
+    assert embed.calls == [[f"fact {i}" for i in range(5)]]
+    assert store.statements == 1
+    await embeddings.add(agent_id, [(ids[5], "fact 5")])
+    assert len(embed.calls) == 2
+    assert store.statements == 2
+    assert await stored(db, agent_id) == {m: float(i) for i, m in enumerate(ids)}
+
+
+async def test_a_lone_turn_is_its_own_call_and_statement(db: Database) -> None:
+    store, embed = CountingStore(db), Embedder()
     agent_id, [memory_id] = await memories(store, 1)
-    writer = EmbeddingWriter(store)
-    await writer.write(agent_id, [(memory_id, vector(7))])
+    embeddings = MessageEmbeddings(store, embed)
+    await embeddings.add(agent_id, [(memory_id, "fact 7")])
     assert store.statements == 1
+    assert embed.calls == [["fact 7"]]
     assert await stored(db, agent_id) == {memory_id: 7.0}
-    await writer.write(agent_id, [])  # nothing to write: no statement
+    await embeddings.add(agent_id, [(memory_id, "  ")])  # nothing to embed: no call, no statement
     assert store.statements == 1
+    assert len(embed.calls) == 1
 
 
-async def test_a_failed_batch_reaches_its_callers_and_later_batches_still_run(db: Database) -> None:
-    store = CountingStore(db)
-    agent_id, ids = await memories(store, 3)
-    writer = EmbeddingWriter(store)
-    bad = [float("nan")] * DIMS  # pgvector refuses NaN
+async def test_calls_carry_at_most_max_texts(db: Database) -> None:
+    store, embed = CountingStore(db), Embedder()
+    agent_id, ids = await memories(store, MAX_TEXTS + 10)
+    embeddings = MessageEmbeddings(store, embed)
+    pairs = [ids[i : i + 2] for i in range(0, len(ids), 2)]
+    await asyncio.gather(
+        *(
+            embeddings.add(agent_id, [(m, f"fact {ids.index(m)}") for m in pair])
+            for pair in pairs  # each turn: its message and its reply
+        )
+    )
+    assert [len(texts) for texts in embed.calls] == [MAX_TEXTS, 10]
+    assert store.statements == 2
+    assert await stored(db, agent_id) == {m: float(i) for i, m in enumerate(ids)}
+
+
+async def test_a_refused_vector_fails_only_its_turn_and_later_batches_still_run(db: Database) -> None:
+    store, embed = CountingStore(db), Embedder()
+    agent_id, ids = await memories(store, 4)
+    embeddings = MessageEmbeddings(store, embed)
     results = await asyncio.gather(
-        writer.write(agent_id, [(ids[0], vector(1))]),
-        writer.write(agent_id, [(ids[1], bad)]),
+        embeddings.add(agent_id, [(ids[0], "fact 1")]),
+        embeddings.add(agent_id, [(ids[1], "nan")]),  # pgvector refuses NaN
+        embeddings.add(agent_id, [(ids[2], "fact 2")]),
         return_exceptions=True,
     )
-    # Both were handed over before the batch started: one statement, refused as a whole, and
-    # both callers hear it (the turns log it; the backfill task embeds those memories later).
-    assert all(isinstance(r, ParleyError) for r in results), results
-    assert store.statements == 1
-    await writer.write(agent_id, [(ids[2], vector(3))])
-    assert await stored(db, agent_id) == {ids[0]: None, ids[1]: None, ids[2]: 3.0}
+    # The shared statement was refused as a whole; each turn then went alone, and only the turn
+    # with the bad vector hears it (the turns log it; the backfill task embeds it later).
+    assert results[0] is None
+    assert isinstance(results[1], ParleyError)
+    assert results[2] is None
+    assert store.statements == 4  # the shared one, then one each
+    await embeddings.add(agent_id, [(ids[3], "fact 3")])
+    assert await stored(db, agent_id) == {ids[0]: 1.0, ids[1]: None, ids[2]: 2.0, ids[3]: 3.0}
+
+
+async def test_a_text_the_gateway_refuses_fails_only_its_turn(db: Database) -> None:
+    store, embed = CountingStore(db), Embedder()
+    agent_id, ids = await memories(store, 3)
+    embeddings = MessageEmbeddings(store, embed)
+    results = await asyncio.gather(
+        embeddings.add(agent_id, [(ids[0], "fact 4")]),
+        embeddings.add(agent_id, [(ids[1], "too long"), (ids[2], "fact 6")]),
+        return_exceptions=True,
+    )
+    assert results[0] is None
+    assert isinstance(results[1], ParleyError)
+    assert results[1].code == "INVALID_ARGUMENT"
+    assert embed.calls == [["fact 4", "too long", "fact 6"], ["fact 4"], ["too long", "fact 6"]]
+    assert await stored(db, agent_id) == {ids[0]: 4.0, ids[1]: None, ids[2]: None}
+
+
+async def test_a_caller_that_gives_up_does_not_stop_the_others(db: Database) -> None:
+    store, embed = CountingStore(db), Embedder()
+    agent_id, ids = await memories(store, 2)
+    embeddings = MessageEmbeddings(store, embed, window=0.2)
+    gone = asyncio.create_task(embeddings.add(agent_id, [(ids[0], "fact 1")]))
+    staying = asyncio.create_task(embeddings.add(agent_id, [(ids[1], "fact 2")]))
+    await asyncio.sleep(0.05)
+    gone.cancel()
+    await staying
+    assert gone.cancelled()
+    # The batch still ran for both: the texts were handed over before the caller left.
+    assert await stored(db, agent_id) == {ids[0]: 1.0, ids[1]: 2.0}
 
 
 async def test_vectors_travel_in_binary_and_arrive_exactly(db: Database, fresh_database: str) -> None:

@@ -150,6 +150,7 @@ async def setup(host: ServiceHost[RuntimeSettings]) -> None:
             provider_timeout=s.provider_timeout_seconds,
             trajectory_logging=trajectory_logging,
             embed_messages=s.embed_messages,
+            embedding_window=s.embedding_batch_window_ms / 1000,
         ),
     )
     confirmations = Confirmations(resources=resources, ports=ports, directory=directory, metrics=metrics)

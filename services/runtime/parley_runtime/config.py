@@ -24,6 +24,9 @@ class RuntimeSettings(Settings):
     provider_timeout_seconds: float = Field(default=5.0, gt=0)
     # Store an embedding of every message (after the reply, through the model gateway).
     embed_messages: bool = True
+    # How long the message embeddings of the turns finishing together gather before they are
+    # computed in one call and stored in one statement (0: only what arrives meanwhile).
+    embedding_batch_window_ms: int = Field(default=50, ge=0, le=10_000)
     # The evaluators of a turn that have prompt segments share one call through the model gateway's
     # prompt batcher; false: each evaluator makes its own model call.
     evaluator_batching: bool = True

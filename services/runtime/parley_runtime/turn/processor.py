@@ -98,6 +98,7 @@ class TurnProcessor:
                 self.background,
                 embed_messages=settings.embed_messages,
                 trajectory_logging=logging,
+                embedding_window=settings.embedding_window,
             ),
         ]
         self.pipeline = Pipeline(stages, metrics, record=logging)

@@ -14,7 +14,7 @@ from parley_platform.logging import get_logger
 
 from ... import ids
 from ...store import RuntimeStore
-from ..embeddings import EmbeddingWriter
+from ..embeddings import MessageEmbeddings
 from ..evaluation import Evaluations
 from ..pipeline import Stage, Stop
 from ..ports import Model
@@ -51,10 +51,12 @@ class AfterReply(Stage):
         *,
         embed_messages: bool,
         trajectory_logging: bool,
+        embedding_window: float = 0.0,
         evaluator_timeout: float = 60.0,
     ) -> None:
         self.store = store
-        self.embeddings = EmbeddingWriter(store)  # the turns' embeddings, batched
+        # The turns' embeddings, computed and stored in batches.
+        self.embeddings = MessageEmbeddings(store, model.embed, window=embedding_window)
         self.model = model
         self.background = background
         self.embed_messages = embed_messages
@@ -76,15 +78,8 @@ class AfterReply(Stage):
         memories = [(turn.id, turn.message.text)] + [
             (ids.response_id(turn.id, i), r.text) for i, r in enumerate(turn.replies)
         ]
-        memories = [(memory_id, text) for memory_id, text in memories if text.strip()]
-        if not memories:
-            return
         try:
-            vectors = await self.model.embed([text for _, text in memories], turn.agent.id)
-            await self.embeddings.write(
-                turn.agent.id,
-                [(memory_id, vector) for (memory_id, _), vector in zip(memories, vectors, strict=True)],
-            )
+            await self.embeddings.add(turn.agent.id, memories)
         except ParleyError as exc:
             log.warning(
                 "message embeddings failed", agent_id=str(turn.agent.id), turn_id=str(turn.id), error=str(exc)
