@@ -323,6 +323,37 @@ async def statuses_of_streams(bus: Bus, run: Callable[[], Awaitable[object]]) ->
     return seen
 
 
+async def raw_stream(bus: Bus, service: str, *, batch: bool) -> list[tuple[str, bytes]]:
+    """(status, body) of every message of one streamed call made by hand with the envelope's
+    ``BATCH`` flag or without it, and never ``LAST`` (a caller from before it), up to ``end``."""
+    stream_id, inbox = rpcstream.stream_inbox(bus)
+    received: asyncio.Queue[Msg] = asyncio.Queue()
+
+    async def on_message(msg: Msg) -> None:
+        received.put_nowait(msg)
+
+    sub = await bus.nc.subscribe(inbox, cb=on_message)
+    try:
+        await bus.nc.publish(
+            bus.subjects.rpc(service, "GenerateStream"),
+            frames.request(
+                GenerateRequest(prompt="p").SerializeToString(),
+                deadline=time.time() + 60,
+                stream_id=stream_id,
+                batch=batch,
+            ),
+            reply=inbox,
+        )
+        seen: list[tuple[str, bytes]] = []
+        async with asyncio.timeout(10):
+            while not seen or seen[-1][0] != "end":
+                status, body = frames.parse_reply((await received.get()).data)
+                seen.append((frames.STATUS_NAMES[status], body))
+        return seen
+    finally:
+        await sub.unsubscribe()
+
+
 async def test_items_ready_together_travel_in_one_message(
     bus: Bus, service: str, serve: Callable[..., object]
 ) -> None:
@@ -334,11 +365,36 @@ async def test_items_ready_together_travel_in_one_message(
 
     seen = await statuses_of_streams(bus, read)
     assert got == [f"{i:08d}" for i in range(200)]
+    # Ready at once: no "open", and the items come with the end (2 kB, one message).
+    assert [status for status, _ in seen] == ["last"]
+
+
+async def test_a_handler_that_waits_says_open_first_and_ends_with_its_last_items(
+    bus: Bus, service: str, serve: Callable[..., object]
+) -> None:
+    await serve(Slow(delay=0.05, count=3))  # type: ignore[operator]
+    got: list[str] = []
+
+    async def read() -> None:
+        got.extend([c.text async for c in call(bus, service, "w")])
+
+    seen = await statuses_of_streams(bus, read)
+    assert got == ["w0 ", "w1 ", "w2 "]
     statuses = [status for status, _ in seen]
-    assert statuses[0] == "open"
-    assert statuses[-1] == "end"
-    assert "items" in statuses
-    assert len(seen) < 20  # against 202 messages with one item each
+    # Served, then each item as it comes; the last one is ready with the end (no sleep after it).
+    assert statuses == ["open", "ok", "ok", "last"]
+    assert seen[-1][1] > 0
+
+
+async def test_a_batch_caller_without_last_still_gets_open_items_and_end(
+    bus: Bus, service: str, serve: Callable[..., object]
+) -> None:
+    """A caller of before ``LAST`` (batches only) reads the stream as it always did."""
+    await serve(Burst(count=30))  # type: ignore[operator]
+    seen = await raw_stream(bus, service, batch=True)
+    assert [status for status, _ in seen] == ["open", "items", "end"]
+    items = [GenerateChunk.FromString(b).text for b in rpcstream._unframed(seen[1][1])]
+    assert items == [f"{i:08d}" for i in range(30)]
 
 
 async def test_a_large_burst_is_cut_into_batches_under_the_size_limit(
@@ -352,9 +408,10 @@ async def test_a_large_burst_is_cut_into_batches_under_the_size_limit(
 
     seen = await statuses_of_streams(bus, read)
     assert got == [f"{i:02000d}" for i in range(120)]
-    batches = [size for status, size in seen if status == "items"]
+    batches = [size for status, size in seen if status in ("items", "last")]
     assert len(batches) >= 3  # 240 kB of items
     assert max(batches) <= rpcstream.BATCH_BYTES
+    assert [status for status, _ in seen][-1] == "last"
 
 
 async def test_an_error_after_a_burst_comes_after_its_items(
@@ -378,34 +435,9 @@ async def test_a_caller_that_does_not_take_batches_gets_one_item_per_message(
 ) -> None:
     """A caller that does not take batches (no ``BATCH`` flag) reads every item as ``ok``."""
     await serve(Burst(count=25))  # type: ignore[operator]
-    stream_id, inbox = rpcstream.stream_inbox(bus)
-    received: asyncio.Queue[Msg] = asyncio.Queue()
-
-    async def on_message(msg: Msg) -> None:
-        received.put_nowait(msg)
-
-    sub = await bus.nc.subscribe(inbox, cb=on_message)
-    try:
-        await bus.nc.publish(
-            bus.subjects.rpc(service, "GenerateStream"),
-            frames.request(
-                GenerateRequest(prompt="p").SerializeToString(),
-                deadline=time.time() + 60,
-                stream_id=stream_id,
-            ),
-            reply=inbox,
-        )
-        statuses = []
-        async with asyncio.timeout(10):
-            while not statuses or statuses[-1] != "end":
-                msg = await received.get()
-                status, body = frames.parse_reply(msg.data)
-                statuses.append(frames.STATUS_NAMES[status])
-                if statuses[-1] == "ok":
-                    assert GenerateChunk.FromString(body).text == f"{len(statuses) - 2:08d}"
-        assert statuses == ["open", *["ok"] * 25, "end"]
-    finally:
-        await sub.unsubscribe()
+    seen = await raw_stream(bus, service, batch=False)
+    assert [status for status, _ in seen] == ["open", *["ok"] * 25, "end"]
+    assert [GenerateChunk.FromString(body).text for _, body in seen[1:-1]] == [f"{i:08d}" for i in range(25)]
 
 
 def test_a_batch_that_runs_past_its_end_is_refused() -> None:

@@ -20,14 +20,19 @@ def test_a_request_round_trips_with_its_deadline_stream_and_batch_flag() -> None
     assert parsed.batch
     assert parsed.deadline == pytest.approx(deadline, abs=0.001)
 
+    assert not parsed.last
+    both = frames.parse_request(frames.request(body, deadline=None, stream_id="s", batch=True, last=True))
+    assert (both.batch, both.last) == (True, True)
+
     unary = frames.parse_request(frames.request(body, deadline=None))
-    assert (unary.deadline, unary.stream_id, unary.batch, unary.body) == (None, "", False, body)
+    assert (unary.deadline, unary.stream_id, unary.body) == (None, "", body)
+    assert (unary.batch, unary.last) == (False, False)
     assert frames.parse_request(frames.request(b"", deadline=None)).body == b""
 
 
 def test_every_status_round_trips() -> None:
     body = GenerateResponse(text="hi").SerializeToString()
-    for status in (frames.OK, frames.ERROR, frames.OPEN, frames.ITEMS, frames.END):
+    for status in (frames.OK, frames.ERROR, frames.OPEN, frames.ITEMS, frames.END, frames.LAST_ITEMS):
         assert frames.parse_reply(frames.reply(status, body)) == (status, body)
     assert frames.parse_reply(frames.reply(frames.END)) == (frames.END, b"")
 
@@ -47,7 +52,7 @@ def test_a_request_in_no_envelope_is_refused_with_what_is_wrong(data: bytes, say
         frames.parse_request(data)
 
 
-@pytest.mark.parametrize("data", [b"", b"\x05", GenerateResponse(text="plain").SerializeToString(), b"\xff"])
+@pytest.mark.parametrize("data", [b"", b"\x06", GenerateResponse(text="plain").SerializeToString(), b"\xff"])
 def test_a_reply_in_no_envelope_is_refused(data: bytes) -> None:
     with pytest.raises(frames.FrameError, match="not in the reply envelope"):
         frames.parse_reply(data)

@@ -11,7 +11,13 @@ queue group takes it). The server answers on the inbox, every message led by a s
   item's bytes (only to a caller whose request has the ``BATCH`` flag; a handler that yields
   without waiting, like a model answering at once, costs one message instead of one per item);
 - ``end`` (empty): the last message of a completed stream;
+- ``last``: items as in ``items`` (perhaps none), then the end: the stream's last message;
 - ``error``: a ``parley.v1.Error`` envelope; the stream is over.
+
+A caller whose request also has the ``LAST`` flag takes a stream whose last items and end come
+in one ``last`` message, and whose ``open`` comes only when the handler has no item ready at once:
+a handler that answers at once (the scripted model; a cached answer) costs one message in all
+instead of three, and the caller's first message, whatever it is, says the stream is served.
 
 The caller controls the stream on ``<ns>.<service>.stream.<id>``, which every replica of the
 service hears through one subscription (``<ns>.<service>.stream.*``) and the serving one acts on:
@@ -52,7 +58,14 @@ from .logging import get_logger
 log = get_logger(__name__)
 
 BATCH_BYTES = 64 * 1024  # well under NATS's smallest usual max_payload (1 MiB)
-OPEN, OK, ITEMS, END, ERROR = frames.OPEN, frames.OK, frames.ITEMS, frames.END, frames.ERROR
+OPEN, OK, ITEMS, END, ERROR, LAST = (
+    frames.OPEN,
+    frames.OK,
+    frames.ITEMS,
+    frames.END,
+    frames.ERROR,
+    frames.LAST_ITEMS,
+)
 PING, CANCEL = b"ping", b"cancel"
 HEARTBEAT_SECONDS = 2.0
 IDLE_SECONDS = 10.0  # the server's patience without a ping: five heartbeats
@@ -162,9 +175,14 @@ async def serve_stream(
 
     controls = router(bus, control_subject(bus, service, "").rstrip("."))
     await controls.add(stream_id, on_control)
-    await _send(bus, reply, OPEN)
-    pump_items = _pump_batches if framed.batch else _pump
-    pump = asyncio.create_task(pump_items(bus, reply, handler(request), method))
+    if framed.batch:
+        # With LAST, the pump says ``open`` itself, only if no item is ready at once.
+        if not framed.last:
+            await _send(bus, reply, OPEN)
+        pump = asyncio.create_task(_pump_batches(bus, reply, handler(request), method, last=framed.last))
+    else:
+        await _send(bus, reply, OPEN)
+        pump = asyncio.create_task(_pump(bus, reply, handler(request), method))
     stop = asyncio.create_task(cancelled.wait())
     try:
         while not pump.done():
@@ -211,10 +229,14 @@ async def _pump(bus: Bus, reply: str, items: AsyncIterator[Message], method: str
         return "INTERNAL"
 
 
-async def _pump_batches(bus: Bus, reply: str, items: AsyncIterator[Message], method: str) -> str:
+async def _pump_batches(
+    bus: Bus, reply: str, items: AsyncIterator[Message], method: str, *, last: bool = False
+) -> str:
     """``_pump`` for a caller that takes batches: the handler runs in a task of its own, and what
     it has yielded by the time the previous message is sent goes in one message. Nothing waits to
-    fill a batch, so an item is never later than it would be alone."""
+    fill a batch, so an item is never later than it would be alone. With ``last`` (the caller
+    takes ``last``): ``open`` only when the handler's first run left nothing ready, and the items
+    that come with the end go in one ``last`` message."""
     ready: asyncio.Queue[Message | BaseException | None] = asyncio.Queue()
 
     async def produce() -> None:
@@ -232,19 +254,28 @@ async def _pump_batches(bus: Bus, reply: str, items: AsyncIterator[Message], met
 
     producer = asyncio.create_task(produce())
     try:
+        if last:
+            await asyncio.sleep(0)  # the handler's first run: one that answers at once has answered
+            if ready.empty():
+                await _send(bus, reply, OPEN)
         while True:
             pending = [await ready.get()]
             while isinstance(pending[-1], Message) and not ready.empty():
                 pending.append(ready.get_nowait())
-            last = pending[-1]
+            final = pending[-1]
             ready_items = [item.SerializeToString() for item in pending if isinstance(item, Message)]
+            if final is None and last:
+                await _publish_items(bus, reply, ready_items, ending=True)
+                return "ok"
             await _publish_items(bus, reply, ready_items)
-            if isinstance(last, Message):
+            if isinstance(final, Message):
                 continue
-            if last is None:
+            if final is None:
                 await _send(bus, reply, END)
                 return "ok"
-            error = last if isinstance(last, ParleyError) else codes.INTERNAL(f"{method} failed unexpectedly")
+            error = (
+                final if isinstance(final, ParleyError) else codes.INTERNAL(f"{method} failed unexpectedly")
+            )
             await _send(bus, reply, ERROR, error)
             return error.code
     finally:
@@ -253,11 +284,15 @@ async def _pump_batches(bus: Bus, reply: str, items: AsyncIterator[Message], met
             await asyncio.wait({producer})
 
 
-async def _publish_items(bus: Bus, reply: str, items: list[bytes]) -> None:
-    """Items as ``ok`` messages when alone, else as ``items`` batches of up to ``BATCH_BYTES``."""
+async def _publish_items(bus: Bus, reply: str, items: list[bytes], *, ending: bool = False) -> None:
+    """Items as ``ok`` messages when alone, else as ``items`` batches of up to ``BATCH_BYTES``;
+    ``ending``: the last batch (perhaps empty) is a ``last`` message, the stream's end."""
     batch: list[bytes] = []
     size = 0
     for data in [*items, None]:
+        if data is None and ending:
+            await _publish(bus, reply, b"".join(_framed(item) for item in batch), LAST)
+            return
         if batch and (data is None or size + 4 + len(data) > BATCH_BYTES):
             if len(batch) == 1:
                 await _publish(bus, reply, batch[0], OK)
@@ -323,7 +358,11 @@ async def call_stream(
     await inboxes.add(stream_id, on_message)
     try:
         data = frames.request(
-            request.SerializeToString(), deadline=time.time() + timeout, stream_id=stream_id, batch=True
+            request.SerializeToString(),
+            deadline=time.time() + timeout,
+            stream_id=stream_id,
+            batch=True,
+            last=True,
         )
         try:
             await bus.nc.publish(subject, data, reply=inbox)
@@ -349,22 +388,21 @@ async def call_stream(
                 status, body = frames.parse_reply(msg.data)
             except frames.FrameError as exc:
                 raise codes.BAD_REPLY(f"{what}: a streamed message is {exc}") from exc
-            if status == OPEN:
+            if status in (OPEN, OK, ITEMS) and not opened:  # served, and not over yet: keep it alive
                 opened = True
                 heartbeat = asyncio.create_task(_heartbeat(bus, control))
-            elif status == OK:
+            if status == OK:
                 try:
                     item = response_type.FromString(body)
                 except DecodeError as exc:
                     raise codes.BAD_REPLY(f"{what}: a streamed item does not decode") from exc
                 yield item
-            elif status == ITEMS:
-                try:
-                    batch = [response_type.FromString(data) for data in _unframed(body)]
-                except (DecodeError, ValueError) as exc:
-                    raise codes.BAD_REPLY(f"{what}: a batch of streamed items does not decode") from exc
-                for item in batch:
+            elif status in (ITEMS, LAST):
+                finished = status == LAST
+                for item in _batch_of(body, response_type, what):
                     yield item
+                if finished:
+                    return
             elif status == END:
                 finished = True
                 return
@@ -375,7 +413,7 @@ async def call_stream(
                 except DecodeError as exc:
                     raise codes.BAD_REPLY(f"{what}: an error does not decode") from exc
                 raise ParleyError.from_proto(error)
-            else:  # frames.parse_reply admits no other status
+            elif status != OPEN:  # frames.parse_reply admits no other status
                 raise codes.BAD_REPLY(f"{what}: a streamed message with status {status}")
     finally:
         if heartbeat is not None:
@@ -384,6 +422,13 @@ async def call_stream(
         if not finished:
             with contextlib.suppress(nats.errors.Error):
                 await bus.nc.publish(control, CANCEL)
+
+
+def _batch_of(body: bytes, response_type: type[Resp], what: str) -> list[Resp]:
+    try:
+        return [response_type.FromString(data) for data in _unframed(body)]
+    except (DecodeError, ValueError) as exc:
+        raise codes.BAD_REPLY(f"{what}: a batch of streamed items does not decode") from exc
 
 
 async def _heartbeat(bus: Bus, control: str) -> None:
