@@ -2,8 +2,9 @@
 
 Dashboards and alert rules are only as good as the names in their queries: a query about a metric
 no service exports draws an empty panel or never fires, and nothing complains. The names are
-collected from the code (every ``Counter``/``Gauge``/``Histogram``/``Summary`` call whose name is a
-literal, read with ``ast``), and each metrics class found there is also instantiated with a fresh
+collected from the code (every ``Counter``/``Gauge``/``Histogram``/``Summary`` call, and the
+platform's ``LoopCounter``/``LoopHistogram``/``GaugeFunctions``, whose name is a literal, read
+with ``ast``), and each metrics class found there is also instantiated with a fresh
 ``CollectorRegistry`` so that a metric the reading missed is noticed (tests/unit/test_deploy.py).
 """
 
@@ -20,7 +21,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 METRIC_SOURCES = (ROOT / "libs", ROOT / "services")
-METRIC_TYPES = {"Counter": "counter", "Gauge": "gauge", "Histogram": "histogram", "Summary": "summary"}
+METRIC_TYPES = {
+    "Counter": "counter",
+    "Gauge": "gauge",
+    "Histogram": "histogram",
+    "Summary": "summary",
+    # parley_platform.metrics: the event loop's own counters and histograms, gauges read when scraped.
+    "LoopCounter": "counter",
+    "LoopHistogram": "histogram",
+    "GaugeFunctions": "gauge",
+}
 # Made by Prometheus for every target, not by the services.
 BUILTIN_METRICS = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
 TARGET_LABELS = {"job", "instance"}

@@ -22,6 +22,7 @@ from functools import partial
 
 from parley.v1 import scheduler_pb2
 from parley.v1.scheduler_nats import SchedulerClient
+from parley_platform.convert import set_now
 from parley_platform.errors import Conflict, ParleyError
 from parley_platform.logging import get_logger
 from parley_platform.worker import Lease, Task, TaskResult, Workers
@@ -104,7 +105,7 @@ class ScheduledDrains:
             ),
         )
         spec.metadata.values.update({"affinity": affinity})
-        spec.due_at.GetCurrentTime()  # the first drain now; the task keeps the cadence after it
+        set_now(spec.due_at)  # the first drain now; the task keeps the cadence after it
         try:
             await self.scheduler.CreateTask(scheduler_pb2.CreateTaskRequest(task=spec))
         except Conflict:

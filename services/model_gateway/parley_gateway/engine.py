@@ -8,14 +8,21 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from parley_platform.errors import ParleyError
 from parley_platform.logging import get_logger
-from parley_platform.metrics import LATENCY_BUCKETS
+from parley_platform.metrics import (
+    LATENCY_BUCKETS,
+    GaugeFunctions,
+    LoopCount,
+    LoopCounter,
+    LoopHistogram,
+    LoopTiming,
+)
 
 from . import errors
 from .protection import CircuitBreaker, Limiter, RetryPolicy, counts_against_provider, with_retries
@@ -29,22 +36,25 @@ MODEL_BUCKETS = (*LATENCY_BUCKETS, 60, 120)
 
 
 class GatewayMetrics:
+    """The gateway's metrics. What every call updates is kept in loop-owned counters
+    (``parley_platform.metrics.LoopCounter``): prometheus_client's locked children cost a fifth of
+    a call's handling."""
+
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter(
+        self.requests = LoopCounter(
             "parley_model_requests_total",
             "Model requests",
             ["provider", "model_type", "outcome"],
-            registry=registry,
+            registry,
         )
-        self.duration = Histogram(
+        self.duration = LoopHistogram(
             "parley_model_request_duration_seconds",
             "Model request time",
             ["provider", "model_type"],
+            registry,
             buckets=MODEL_BUCKETS,
-            registry=registry,
         )
-        self.tokens = Counter("parley_model_tokens_total", "Tokens", ["provider", "kind"], registry=registry)
-        self.inflight = Gauge("parley_model_inflight", "Requests in flight", ["provider"], registry=registry)
+        self.tokens = LoopCounter("parley_model_tokens_total", "Tokens", ["provider", "kind"], registry)
         self.budget_rejections = Counter(
             "parley_model_budget_rejections_total",
             "Calls refused for an agent's token budget",
@@ -66,9 +76,22 @@ class GatewayMetrics:
             registry=registry,
         )
         self._series: dict[tuple[str, str], Series] = {}
+        self._protected: Callable[[], Sequence[Protected]] = tuple
+        # The calls holding a slot of each provider's limiter, read when scraped (no update per call).
+        GaugeFunctions(
+            "parley_model_inflight",
+            "Requests in flight",
+            ["provider"],
+            lambda: {(p.provider.name,): float(p.limiter.inflight) for p in self._protected()},
+            registry,
+        )
+
+    def watch_inflight(self, protected: Callable[[], Sequence[Protected]]) -> None:
+        """``parley_model_inflight`` counts the calls of these providers."""
+        self._protected = protected
 
     def of(self, provider: str, model_type: str) -> Series:
-        """The series of one provider and model type, looked up once (``labels()`` is not free)."""
+        """The series of one provider and model type, looked up once."""
         found = self._series.get((provider, model_type))
         if found is None:
             found = Series(
@@ -77,20 +100,18 @@ class GatewayMetrics:
                 input=self.tokens.labels(provider, "input"),
                 output=self.tokens.labels(provider, "output"),
                 cached=self.tokens.labels(provider, "cached"),
-                inflight=self.inflight.labels(provider),
             )
             self._series[(provider, model_type)] = found
         return found
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Series:
-    ok: Counter
-    duration: Histogram
-    input: Counter
-    output: Counter
-    cached: Counter
-    inflight: Gauge
+    ok: LoopCount
+    duration: LoopTiming
+    input: LoopCount
+    output: LoopCount
+    cached: LoopCount
 
 
 @dataclass
@@ -254,6 +275,7 @@ class Engine:
         self.provider_timeout = provider_timeout
         self.default_max_tokens = default_max_tokens
         self._rng = random.Random()
+        metrics.watch_inflight(self.providers)
 
     def route(self, model_type: str) -> Protected:
         protected = self.routes.get(model_type)
@@ -299,19 +321,16 @@ class Engine:
         hold: Hold | None = None
         try:
             hold = await self.budgets.reserve(call.agent_id, reserve)
-            inflight = self.metrics.of(provider.name, call.request.model_type).inflight
+            limiter = protected.limiter
 
             async def attempt(remaining: float) -> Completion:
-                async with protected.limiter.slot():
-                    inflight.inc()
-                    try:
-                        return await provider.generate(
-                            call.request.bounded(
-                                max_tokens=output, timeout=min(remaining, self.provider_timeout)
-                            )
-                        )
-                    finally:
-                        inflight.dec()
+                await limiter.acquire()
+                try:
+                    return await provider.generate(
+                        call.request.bounded(max_tokens=output, timeout=min(remaining, self.provider_timeout))
+                    )
+                finally:
+                    limiter.release()
 
             completion = await with_retries(
                 attempt,
@@ -350,20 +369,16 @@ class Engine:
                 protected.breaker.admit()
                 try:
                     async with protected.limiter.slot():
-                        self.metrics.inflight.labels(provider.name).inc()
-                        try:
-                            # Closed however this generator ends: a caller that stops reading
-                            # (a cancelled turn) closes the provider's stream, not the GC.
-                            bounded = call.request.bounded(max_tokens=output, timeout=self.provider_timeout)
-                            async with contextlib.aclosing(provider.stream(bounded)) as items:  # type: ignore[type-var]
-                                async for item in items:
-                                    if isinstance(item, Completion):
-                                        completion = item
-                                    else:
-                                        sent = True
-                                        yield item
-                        finally:
-                            self.metrics.inflight.labels(provider.name).dec()
+                        # Closed however this generator ends: a caller that stops reading
+                        # (a cancelled turn) closes the provider's stream, not the GC.
+                        bounded = call.request.bounded(max_tokens=output, timeout=self.provider_timeout)
+                        async with contextlib.aclosing(provider.stream(bounded)) as items:  # type: ignore[type-var]
+                            async for item in items:
+                                if isinstance(item, Completion):
+                                    completion = item
+                                else:
+                                    sent = True
+                                    yield item
                 except ParleyError as exc:
                     if counts_against_provider(exc):
                         protected.breaker.failure()

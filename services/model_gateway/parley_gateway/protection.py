@@ -5,6 +5,8 @@ token budget, which must hold across replicas, lives in PostgreSQL (see ``store.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -22,14 +24,15 @@ T = TypeVar("T")
 
 
 class Limiter:
-    """At most ``limit`` calls at once; up to ``queue_limit`` more wait their turn, the rest are refused."""
+    """At most ``limit`` calls at once; up to ``queue_limit`` more wait their turn (first come,
+    first served), the rest are refused. A free slot is taken without waiting for anything."""
 
     def __init__(self, provider: str, limit: int, queue_limit: int) -> None:
         self.provider = provider
         self.limit = limit
         self.queue_limit = queue_limit
-        self._slots = asyncio.Semaphore(limit)
         self._slot = _Slot(self)
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.inflight = 0
         self.queued = 0
 
@@ -38,28 +41,40 @@ class Limiter:
         return self._slot
 
     async def acquire(self) -> None:
-        if self._slots.locked():
-            if self.queued >= self.queue_limit:
-                raise errors.PROVIDER_BUSY(
-                    f"provider {self.provider} is busy: {self.inflight} calls running, {self.queued} queued"
-                )
-            self.queued += 1
-            try:
-                await self._slots.acquire()
-            finally:
-                self.queued -= 1
-        else:
-            await self._slots.acquire()
-        self.inflight += 1
+        if self.inflight < self.limit and not self._waiters:
+            self.inflight += 1
+            return
+        if self.queued >= self.queue_limit:
+            raise errors.PROVIDER_BUSY(
+                f"provider {self.provider} is busy: {self.inflight} calls running, {self.queued} queued"
+            )
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        self.queued += 1
+        try:
+            await waiter  # release() hands its slot over: ``inflight`` already counts this call
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # given a slot as it was cancelled: the next in line takes it
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            raise
+        finally:
+            self.queued -= 1
 
     def release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
         self.inflight -= 1
-        self._slots.release()
 
 
 class _Slot:
     """The limiter's slot as an async context manager. A plain class, not ``@asynccontextmanager``:
-    a generator per call cost the gateway's hot path more than the semaphore itself. It holds no
+    a generator per call cost the gateway's hot path more than the limit itself. It holds no
     state of its own, so every call shares one."""
 
     def __init__(self, limiter: Limiter) -> None:
