@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from parley.v1 import runtime_pb2
+from parley_platform.convert import set_now
 
 from . import codes
 
@@ -89,7 +90,7 @@ class Inbound:
         if self.sent_at is not None:
             message.sent_at.FromDatetime(self.sent_at.astimezone(dt.UTC))
         else:
-            message.sent_at.GetCurrentTime()
+            set_now(message.sent_at)
         return message
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 import uuid
 from datetime import UTC, datetime
 
@@ -19,6 +20,13 @@ def timestamp(value: datetime | None) -> Timestamp | None:
     if value is None:
         return None
     return Timestamp(seconds=math.floor(value.timestamp()), nanos=value.microsecond * 1000)
+
+
+def set_now(stamp: Timestamp) -> Timestamp:
+    """Sets a Timestamp to now and returns it. ``Timestamp.GetCurrentTime`` goes through a datetime
+    and time tuples: about 2 µs, called several times in every turn; this is two assignments."""
+    stamp.seconds, stamp.nanos = divmod(time.time_ns(), 1_000_000_000)
+    return stamp
 
 
 def datetime_of(value: Timestamp) -> datetime | None:

@@ -13,7 +13,7 @@ from google.protobuf.message import DecodeError
 
 from parley.v1 import runtime_pb2
 from parley_platform.bus import Bus
-from parley_platform.convert import timestamp, uuid_of
+from parley_platform.convert import set_now, timestamp, uuid_of
 from parley_platform.paging import cut, page_of
 
 from . import errors
@@ -170,7 +170,7 @@ class RuntimeApi(AdminApi):
             room_type=request.room_type or runtime_pb2.ROOM_TYPE_API,
             text=request.text,
         )
-        inbound.sent_at.GetCurrentTime()
+        set_now(inbound.sent_at)
         timeout = request.timeout_seconds or 30.0
         queue = self.waiters.open(str(agent.id), message_id)
         try:

@@ -11,6 +11,7 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from parley.v1 import runtime_pb2
+from parley_platform.convert import set_now
 
 from ..sdk import Content
 
@@ -89,7 +90,7 @@ class Reply:
 
     def outbound(self, agent_id: uuid.UUID, room_id: uuid.UUID) -> runtime_pb2.OutboundMessage:
         created = Timestamp()
-        created.GetCurrentTime()
+        set_now(created)
         return runtime_pb2.OutboundMessage(
             agent_id=str(agent_id),
             source=self.source,
