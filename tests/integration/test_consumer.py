@@ -344,6 +344,30 @@ async def test_stop_cancels_a_stuck_handler_without_acking(bus: Bus, lane: Lane)
     assert seen[0].num_delivered >= 2
 
 
+async def test_a_handler_longer_than_ack_wait_is_kept_alive_by_heartbeats(bus: Bus, lane: Lane) -> None:
+    """A turn that takes three times the ack wait is neither redelivered to another consumer of the
+    same durable nor handled twice: the consumer tells the server that work goes on."""
+    spec = lane.spec(ack_wait_seconds=1)
+    handled: list[tuple[str, int]] = []
+
+    def slow(name: str) -> Callable[[Delivery], Awaitable[None]]:
+        async def handle(delivery: Delivery) -> None:
+            handled.append((name, delivery.num_delivered))
+            await asyncio.sleep(3.2)
+
+        return handle
+
+    async with (
+        running(PullConsumer(bus, spec, slow("a"), fetch_timeout=0.5)),
+        running(PullConsumer(bus, spec, slow("b"), fetch_timeout=0.5)),
+    ):
+        await bus.publish(lane.subject(), b"long turn", msg_id="long-turn-1")
+        await eventually(lambda: lane.settled(spec.durable), timeout=15, what="the long turn acked")
+        await asyncio.sleep(1.5)  # longer than ack_wait: a lost heartbeat would show as a redelivery
+    assert len(handled) == 1, handled
+    assert handled[0][1] == 1
+
+
 async def test_concurrency_is_bounded_and_each_message_handled_once(bus: Bus, lane: Lane) -> None:
     total, limit = 200, 16
     handled: Counter[bytes] = Counter()
