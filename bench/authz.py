@@ -11,7 +11,9 @@ The floor is measured in the same run: the raw single ``UPDATE … WHERE state =
 'pending' RETURNING`` on one connection and on 16 connections, plus a raw NATS
 request/reply. These machines are shared and noisy, so each measure alternates
 chunks of the floor and of the service call at the same concurrency, and its
-ratio compares totals taken side by side.
+ratio compares totals taken side by side. Each also reports the CPU time every
+process spent per call (authz, PostgreSQL's backends, nats-server, the client),
+which noise moves far less than a rate.
 
 Usage: python bench/authz.py [--sequential 900] [--concurrent 3600] [--clients 16] [--replicas 1]
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import secrets
 import time
 import uuid
@@ -28,7 +31,17 @@ from typing import Any
 
 import grpc
 import psycopg
-from _common import BenchEnv, Series, bench_env, report, service_nats
+from _common import (
+    BenchEnv,
+    Groups,
+    Series,
+    bench_env,
+    cpu_ms_per_op,
+    cpu_snapshot,
+    pids_matching,
+    report,
+    service_nats,
+)
 
 from parley.v1 import authz_pb2, authz_pb2_grpc
 from parley_devinfra.infra import free_port
@@ -232,6 +245,8 @@ async def main(args: argparse.Namespace) -> None:
         floor = await SqlFloor.create(env, clients, rows=8 * (args.sequential + args.concurrent) + 1000)
         results: dict[str, Series] = {}
         floors: dict[str, Series] = {}
+        cpu: dict[str, dict[str, float]] = {}  # CPU ms per call, by process group
+        cpu_floor: dict[str, dict[str, float]] = {}
         try:
             for service in services:
                 await service.wait_ready()
@@ -242,7 +257,8 @@ async def main(args: argparse.Namespace) -> None:
                 authz_pb2.PutAccountSnapshotResponse,
             )
 
-            async def decides(transport: str, n: int, width: int) -> Series:
+            async def decides(transport: str, n: int, width: int) -> Callable[[], Awaitable[Series]]:
+                """The timed run of n Decide calls, its records made first (untimed)."""
                 ids = await work.pending(n)
 
                 def request(i: int) -> authz_pb2.DecideRequest:
@@ -263,9 +279,10 @@ async def main(args: argparse.Namespace) -> None:
                     reply = await stubs[client].Decide(request(i), metadata=metadata, timeout=30)
                     assert reply.result == authz_pb2.DECIDE_RESULT_CLAIMED
 
-                return await timed("", n, width, over_nats if transport == "nats" else over_grpc)
+                return lambda: timed("", n, width, over_nats if transport == "nats" else over_grpc)
 
-            async def authorizes(transport: str, n: int, width: int) -> Series:
+            async def authorizes(transport: str, n: int, width: int) -> Callable[[], Awaitable[Series]]:
+                """The timed run of n Authorize calls, their decisions registered first (untimed)."""
                 requests = await work.decisions(n)
 
                 async def over_nats(i: int, client: int) -> None:
@@ -276,26 +293,44 @@ async def main(args: argparse.Namespace) -> None:
                 async def over_grpc(i: int, client: int) -> None:
                     await stubs[client].Authorize(requests[i], metadata=metadata, timeout=30)
 
-                return await timed("", n, width, over_nats if transport == "nats" else over_grpc)
+                return lambda: timed("", n, width, over_nats if transport == "nats" else over_grpc)
 
             # Warm-up: connections, prepared statements, the service's pools.
             for transport in ("nats", "grpc"):
-                await decides(transport, 200, clients)
-                await authorizes(transport, 200, clients)
+                await (await decides(transport, 200, clients))()
+                await (await authorizes(transport, 200, clients))()
             await floor.chunk(200, clients)
 
+            groups: Groups = {
+                "authz": lambda: [s.pid for s in services],
+                "postgres": lambda: pids_matching("postgres: ", env.database_url.rsplit("/", 1)[-1]),
+                "nats": lambda: pids_matching("nats-server", str(env.logs.parent)),
+                "client": lambda: [os.getpid()],
+            }
             operations = {"decide": decides, "authorize": authorizes}
             for name, run in operations.items():
                 for transport in ("nats", "grpc"):
                     for width, n in widths:
                         mine: list[Series] = []
                         raw: list[Series] = []
+                        spent: dict[str, float] = {}
+                        spent_raw: dict[str, float] = {}
                         for _ in range(CHUNKS):
+                            ready = await run(transport, n // CHUNKS, width)
+                            before = cpu_snapshot(groups)
                             raw.append(await floor.chunk(n // CHUNKS, width))
-                            mine.append(await run(transport, n // CHUNKS, width))
+                            between = cpu_snapshot(groups)
+                            mine.append(await ready())
+                            after = cpu_snapshot(groups)
+                            for k, v in cpu_ms_per_op(before, between, n).items():
+                                spent_raw[k] = spent_raw.get(k, 0.0) + v
+                            for k, v in cpu_ms_per_op(between, after, n).items():
+                                spent[k] = spent.get(k, 0.0) + v
                         key = f"{name}:{transport}:{width}"
                         results[key] = merged(f"{name.title()} over {transport}, {width} client(s)", mine)
                         floors[key] = merged(f"  floor beside it: UPDATE … RETURNING, {width} conn", raw)
+                        cpu[key] = {k: round(v, 3) for k, v in spent.items()}
+                        cpu_floor[key] = {k: round(v, 3) for k, v in spent_raw.items()}
             nats = {width: await nats_floor(env, buses, n, width) for width, n in widths}
         finally:
             await floor.close()
@@ -312,6 +347,8 @@ async def main(args: argparse.Namespace) -> None:
         "replicas": args.replicas,
         "series": {key: series.figures() for key, series in results.items()},
         "floors": {key: series.figures() for key, series in floors.items()},
+        "cpu_ms_per_call": cpu,
+        "floor_cpu_ms_per_statement": cpu_floor,
     }
     for key, series in results.items():
         name = key.replace(":", "_")
@@ -320,6 +357,13 @@ async def main(args: argparse.Namespace) -> None:
     for width, series in nats.items():
         summary[f"floor_nats_{width}_per_s"] = round(series.rate, 1)
     rows = [row for key in results for row in (results[key], floors[key])] + list(nats.values())
+    for key in results:
+        print(
+            f"CPU ms per call, {key}: "
+            + ", ".join(f"{k.removesuffix('_cpu_ms')} {v:.3f}" for k, v in cpu[key].items())
+            + "; the floor's per statement: "
+            + ", ".join(f"{k.removesuffix('_cpu_ms')} {v:.3f}" for k, v in cpu_floor[key].items())
+        )
     report(
         f"authz: Decide and Authorize vs the raw UPDATE … RETURNING"
         f" ({clients} clients, {args.replicas} replica(s))",

@@ -33,17 +33,23 @@ AGENT_ID = str(uuid.uuid5(uuid.UUID("6f1f3f3e-6a0c-5b8e-9a57-5061726c6579"), "ag
 
 
 class Replies:
-    """Replies on the outbound subjects of the `bench` connector and the autonomy room."""
+    """Replies on the outbound subjects of the `bench` connector and the autonomy room, each
+    counted once: a core subscriber also sees the copies the runtime republishes to keep a room's
+    replies in order (the OUTBOUND stream, which connectors read, drops them by id)."""
 
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
         self.waiting: dict[str, asyncio.Future[float]] = {}
         self.any_autonomous: asyncio.Queue[float] = asyncio.Queue()
+        self.seen: set[str] = set()
 
     async def start(self) -> None:
         async def on_reply(msg: object) -> None:
             arrived = time.perf_counter()
             reply = runtime_pb2.OutboundMessage.FromString(msg.data)  # type: ignore[attr-defined]
+            if reply.response_id in self.seen:
+                return
+            self.seen.add(reply.response_id)
             future = self.waiting.pop(reply.in_reply_to, None)
             if future is not None and not future.done():
                 future.set_result(arrived)
@@ -135,6 +141,8 @@ async def main(args: argparse.Namespace) -> None:
                 results.put_nowait(time.perf_counter())
 
             await bus.nc.subscribe(f"{env.namespace}.model.batcher.result.{AGENT_ID}.*", cb=on_result)
+            while not replies.any_autonomous.empty():  # only replies of the ticks pair with results
+                replies.any_autonomous.get_nowait()
             await RpcClient(bus).call(
                 "runtime",
                 "SetAutonomy",
