@@ -16,6 +16,7 @@ json_values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.sampled_from([-(2**63) - 1, -(2**63), 2**63 - 1, 2**63, 2**64 - 1, 2**64])
     | st.floats(allow_nan=False)
     | st.text(),
     lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(), children, max_size=5),
@@ -50,6 +51,8 @@ def test_numbers_where_orjson_alone_would_differ() -> None:
     for text in (
         '{"big": 123456789012345678901234567890}',
         "[18446744073709551615, 18446744073709551616, -9223372036854775809]",
+        "[-9223372036854775808, -9223372036854775809, -9999999999999999999, -10000000000000000000]",
+        '{"n": -9223372036854775809}',
         "[1e400, -1e400, 1.5e-320, -0.0]",
         '{"a": 1, "a": 2}',
     ):

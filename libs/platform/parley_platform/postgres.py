@@ -44,19 +44,21 @@ Params = Sequence[Any] | dict[str, Any] | None
 GROUP_MAX = 64
 
 
-# Every byte to a space but digits (to "9"): 20 nines in a row is a number beyond 64 bits.
-_DIGITS = bytes(0x39 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
-_LONG_NUMBER = b"9" * 20
+# Every byte to a space but digits (to "9") and minus signs: 20 nines in a row may be an integer
+# beyond 2**64 - 1, a minus and 19 nines one below -2**63 (orjson reads either as a float).
+_DIGITS = bytes(0x39 if 0x30 <= b <= 0x39 else b if b == 0x2D else 0x20 for b in range(256))
+_LONG_NUMBERS = (b"9" * 20, b"-" + b"9" * 19)
 
 
 def _json_loads(data: bytes | str) -> Any:
     """json and jsonb values as Python values, read with orjson (several times faster than json;
     a turn reads its room's history as JSON). Where the two differ, json reads it: orjson reads an
-    integer beyond 64 bits as a float (so a document with 20 digits in a row anywhere goes to json,
-    which keeps it exact) and refuses numbers beyond a double (jsonb's are numeric; json reads
-    them as infinity)."""
+    integer beyond 64 bits as a float (so a document with 20 digits in a row anywhere, or a minus
+    and 19, goes to json, which keeps it exact) and refuses numbers beyond a double (jsonb's are
+    numeric; json reads them as infinity)."""
     raw = data.encode() if isinstance(data, str) else data
-    if _LONG_NUMBER not in raw.translate(_DIGITS):
+    digits = raw.translate(_DIGITS)
+    if not any(long in digits for long in _LONG_NUMBERS):
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:
