@@ -164,6 +164,8 @@ def test_parley_run_brings_everything_up_and_ctrl_c_stops_it() -> None:
         if supervisor.poll() is None:
             supervisor.kill()
             supervisor.wait()
+        if supervisor.stdout is not None:
+            supervisor.stdout.close()  # not left to the GC, which warns in whichever test it runs in
         infra.down(state)
 
 

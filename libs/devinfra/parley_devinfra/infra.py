@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -97,11 +98,22 @@ class Endpoints:
         return ",".join(self.nats_auth.url(u, identity) for u in self.nats_url.split(","))
 
 
+# The ports free_port has handed out in this process: the kernel may offer a port it just offered
+# again (nothing listens on it yet), and two services given one port collide when they start.
+_HANDED_OUT: set[int] = set()
+_HANDING_OUT = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A port nothing listens on now, never one this process was given before."""
+    with _HANDING_OUT:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind((HOST, 0))
+                port: int = sock.getsockname()[1]
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
 
 
 def port_free(port: int) -> bool:
