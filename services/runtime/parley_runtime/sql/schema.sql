@@ -94,7 +94,7 @@ CREATE TABLE runtime.memory (
 );
 CREATE UNIQUE INDEX memory_inbound_once ON runtime.memory (agent_id, source, external_id)
     WHERE external_id IS NOT NULL;
-CREATE INDEX memory_room_recent ON runtime.memory (agent_id, room_id, created_at DESC, id DESC);
+CREATE INDEX memory_room_recent ON runtime.memory (agent_id, room_id, kind, created_at DESC, id DESC);
 CREATE INDEX memory_kind_recent ON runtime.memory (agent_id, kind, created_at DESC, id DESC);
 
 CREATE TABLE runtime.turn (

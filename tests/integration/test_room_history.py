@@ -1,0 +1,115 @@
+"""A turn reads its room's recent messages without reading the agent's other rooms (queries.sql
+`ingest`, migration 0012): a quiet room of a busy agent costs its ingest as much as a room
+alone. Against a real PostgreSQL, with the plan PostgreSQL actually ran."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from psycopg.types.json import Jsonb
+
+from parley_platform.postgres import Database, migrate
+from parley_runtime.records import NewMessage
+from parley_runtime.store import MIGRATIONS_DIR, SCHEMA, Q, RuntimeStore
+from support import SessionEnv
+
+HISTORY = 8
+BUSY_ROOMS = 40
+BUSY_MESSAGES = 30  # per busy room, all newer than the quiet room's
+
+
+@pytest.fixture(scope="module")
+async def store(test_env: SessionEnv) -> AsyncIterator[RuntimeStore]:
+    await migrate(test_env.database_url, SCHEMA, MIGRATIONS_DIR)
+    database = Database(test_env.database_url, name="room-history-tests", min_size=1, max_size=4)
+    await database.open()
+    yield RuntimeStore(database)
+    await database.close()
+
+
+def message(agent_id: uuid.UUID, room_id: uuid.UUID, seq: int, text: str) -> NewMessage:
+    return NewMessage(
+        agent_id=agent_id,
+        world_id=None,
+        world_external_id=None,
+        source="history",
+        entity_id=uuid.uuid5(room_id, "user"),
+        entity_names=[f"user of {room_id.hex[:6]}"],
+        entity_metadata={},
+        room_id=room_id,
+        channel_id=f"channel-{room_id.hex[:8]}",
+        room_type="DM",
+        stream_epoch=1,
+        stream_seq=seq,
+        memory_id=uuid.uuid4(),
+        content={"text": text},
+        external_id=uuid.uuid4().hex,
+        history=HISTORY,
+        sender_role=None,
+        reply_to_id=None,
+    )
+
+
+def params(sent: NewMessage) -> dict[str, Any]:
+    return {
+        **{name: getattr(sent, name) for name in sent.__dataclass_fields__},
+        "entity_metadata": Jsonb(sent.entity_metadata),
+        "content": Jsonb(sent.content),
+    }
+
+
+def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from nodes(child)
+
+
+async def test_a_quiet_rooms_history_reads_only_that_room(store: RuntimeStore) -> None:
+    agent_id = uuid.uuid4()
+    await store.upsert_agent(agent_id, f"agent-{agent_id.hex[:8]}", {"name": "x"}, True)
+    quiet = uuid.uuid4()
+    seq = 0
+    for i in range(HISTORY):
+        seq += 1
+        ingested = await store.ingest(message(agent_id, quiet, seq, f"quiet {i}"))
+        assert ingested.state == "running"
+    # Then the agent gets busy elsewhere: every one of these is newer than the quiet room's.
+    for r in range(BUSY_ROOMS):
+        room = uuid.uuid4()
+        for i in range(BUSY_MESSAGES):
+            seq += 1
+            await store.ingest(message(agent_id, room, seq, f"busy {r}.{i}"))
+
+    seq += 1
+    ingested = await store.ingest(message(agent_id, quiet, seq, "back again"))
+    assert [m.text for m in ingested.history] == [f"quiet {i}" for i in range(HISTORY)]
+
+    # The same statement for the quiet room's next message, as PostgreSQL runs it (rolled back):
+    # with the statistics of a table that grew since it was last analyzed, and after ANALYZE.
+    for analyzed in (False, True):
+        if analyzed:
+            await store.db.execute("ANALYZE runtime.memory", {}, what="analyze")
+        seq += 1
+        scan = await history_scan(store, message(agent_id, quiet, seq, "and again"))
+        # It walks the room's own messages, newest first, and stops after the history: nothing of
+        # the busy rooms (1,200 newer messages) is read and dropped.
+        assert scan.get("Index Name") == "memory_room_recent", (analyzed, scan)
+        assert scan.get("Rows Removed by Filter", 0) <= 1, (analyzed, scan)  # the message itself
+        assert scan["Actual Rows"] <= HISTORY, (analyzed, scan)
+
+
+async def history_scan(store: RuntimeStore, sent: NewMessage) -> dict[str, Any]:
+    """The plan node that reads the room's history in the ingest of ``sent``, run and rolled back."""
+    async with store.db.connection("explain ingest") as conn, conn.transaction(force_rollback=True):
+        cursor = await conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q["ingest"], params(sent))
+        row = await cursor.fetchone()
+    assert row is not None
+    document = row[0] if not isinstance(row, dict) else next(iter(row.values()))
+    plan = (json.loads(document) if isinstance(document, str) else document)[0]["Plan"]
+    scans = [n for n in nodes(plan) if n.get("Relation Name") == "memory" and n.get("Alias") == "m"]
+    assert len(scans) == 1, scans
+    return {k: v for k, v in scans[0].items() if k != "Plans"}
