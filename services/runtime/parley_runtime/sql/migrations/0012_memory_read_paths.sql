@@ -6,3 +6,9 @@
 -- new index is the same index with kind inserted, so nothing else loses its path.
 DROP INDEX runtime.memory_room_recent;
 CREATE INDEX memory_room_recent ON runtime.memory (agent_id, room_id, kind, created_at DESC, id DESC);
+
+-- A turn's stored replies (list_replies, when a replied message is redelivered after a crash) by
+-- the turn they answer. Without it the statement walked every message of the agent (6,000 read
+-- to return 1 at 3,000 turns): recovery after a crash slowed with the agent's whole history. Only
+-- memories that answer a turn are in it (replies and ignore records, one or a few per turn).
+CREATE INDEX memory_replies ON runtime.memory (agent_id, in_reply_to) WHERE in_reply_to IS NOT NULL;

@@ -1,6 +1,7 @@
-"""A turn reads its room's recent messages without reading the agent's other rooms (queries.sql
-`ingest`, migration 0012): a quiet room of a busy agent costs its ingest as much as a room
-alone. Against a real PostgreSQL, with the plan PostgreSQL actually ran."""
+"""The runtime's reads of memories cost what they return, not the agent's whole history (migration
+0012): a turn reads its room's recent messages without reading the agent's other rooms
+(`ingest`), and a redelivered turn finds its stored replies without walking every message
+(`list_replies`). Against a real PostgreSQL, with the plans PostgreSQL actually ran."""
 
 from __future__ import annotations
 
@@ -102,14 +103,57 @@ async def test_a_quiet_rooms_history_reads_only_that_room(store: RuntimeStore) -
         assert scan["Actual Rows"] <= HISTORY, (analyzed, scan)
 
 
-async def history_scan(store: RuntimeStore, sent: NewMessage) -> dict[str, Any]:
-    """The plan node that reads the room's history in the ingest of ``sent``, run and rolled back."""
-    async with store.db.connection("explain ingest") as conn, conn.transaction(force_rollback=True):
-        cursor = await conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q["ingest"], params(sent))
+async def test_a_redelivered_turn_finds_its_replies_without_walking_the_agents_messages(
+    store: RuntimeStore,
+) -> None:
+    agent_id = uuid.uuid4()
+    await store.upsert_agent(agent_id, f"agent-{agent_id.hex[:8]}", {"name": "x"}, True)
+    room, seq = uuid.uuid4(), 1
+    answered = message(agent_id, room, seq, "answer me")
+    ingested = await store.ingest(answered)
+    assert ingested.lease_token is not None
+    replies = [(uuid.uuid4(), {"text": f"reply {i}", "source": "history"}) for i in range(3)]
+    state = await store.save_replies(
+        agent_id=agent_id,
+        room_id=room,
+        turn_id=answered.memory_id,
+        lease_token=ingested.lease_token,
+        replies=replies,
+        source="history",
+        trajectory=None,
+        keep=False,
+    )
+    assert state == "replied"
+    for i in range(BUSY_ROOMS * BUSY_MESSAGES):  # the agent's later messages, in several rooms
+        seq += 1
+        await store.ingest(message(agent_id, uuid.uuid5(room, str(i % BUSY_ROOMS)), seq, f"later {i}"))
+
+    stored = await store.list_replies(agent_id, answered.memory_id)
+    assert [(r.id, r.content["text"]) for r in stored] == [(rid, c["text"]) for rid, c in replies]
+    for analyzed in (False, True):
+        if analyzed:
+            await store.db.execute("ANALYZE runtime.memory", {}, what="analyze")
+        plan = await explain(store, Q["list_replies"], {"agent_id": agent_id, "turn_id": answered.memory_id})
+        (scan,) = [n for n in nodes(plan) if n.get("Relation Name") == "memory"]
+        assert scan.get("Index Name") == "memory_replies", (analyzed, scan)
+        assert scan.get("Rows Removed by Filter", 0) == 0, (analyzed, scan)
+        assert scan["Actual Rows"] == len(replies), (analyzed, scan)
+
+
+async def explain(store: RuntimeStore, sql: str, values: dict[str, Any]) -> dict[str, Any]:
+    """The plan of ``sql`` as PostgreSQL ran it (EXPLAIN ANALYZE, rolled back)."""
+    async with store.db.connection("explain") as conn, conn.transaction(force_rollback=True):
+        cursor = await conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, values)
         row = await cursor.fetchone()
     assert row is not None
     document = row[0] if not isinstance(row, dict) else next(iter(row.values()))
-    plan = (json.loads(document) if isinstance(document, str) else document)[0]["Plan"]
+    plan: dict[str, Any] = (json.loads(document) if isinstance(document, str) else document)[0]["Plan"]
+    return plan
+
+
+async def history_scan(store: RuntimeStore, sent: NewMessage) -> dict[str, Any]:
+    """The plan node that reads the room's history in the ingest of ``sent``."""
+    plan = await explain(store, Q["ingest"], params(sent))
     scans = [n for n in nodes(plan) if n.get("Relation Name") == "memory" and n.get("Alias") == "m"]
     assert len(scans) == 1, scans
     return {k: v for k, v in scans[0].items() if k != "Plans"}
