@@ -161,6 +161,8 @@ DELETE FROM pairing.request r
  WHERE r.agent_id = doomed.agent_id AND r.channel = doomed.channel AND r.sender_id = doomed.sender_id;
 
 -- purge_claims --
+-- The cutoff again on the deleted rows: with it PostgreSQL finds them by the expiry index too,
+-- without it each batch could join against a scan of the whole table.
 DELETE FROM pairing.reply_claim c
  USING (SELECT agent_id, channel, sender_id
           FROM pairing.reply_claim
@@ -168,7 +170,8 @@ DELETE FROM pairing.reply_claim c
          ORDER BY claimed_at
          LIMIT %(batch)s
            FOR UPDATE SKIP LOCKED) AS doomed
- WHERE c.agent_id = doomed.agent_id AND c.channel = doomed.channel AND c.sender_id = doomed.sender_id;
+ WHERE c.agent_id = doomed.agent_id AND c.channel = doomed.channel AND c.sender_id = doomed.sender_id
+   AND c.claimed_at <= now() - make_interval(secs => %(ttl)s);
 
 -- pending_counts --
 SELECT channel, count(*) AS pending

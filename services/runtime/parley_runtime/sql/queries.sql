@@ -604,7 +604,9 @@ RETURNING enabled, generation, updated_at;
 SELECT EXISTS (
     SELECT 1 FROM runtime.turn
      WHERE agent_id = %(agent_id)s AND origin = 'autonomous' AND state IN ('received', 'running')
-       AND received_at > clock_timestamp() - make_interval(secs => %(stale_seconds)s)
+       -- statement_timestamp(), not clock_timestamp(): a stable bound is an index condition
+       -- (turn_origin_recent), so this reads the recent turns, not every autonomous turn ever.
+       AND received_at > statement_timestamp() - make_interval(secs => %(stale_seconds)s)
 ) AS busy;
 
 -- autonomy_counts --

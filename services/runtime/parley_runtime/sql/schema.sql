@@ -231,7 +231,7 @@ CREATE TABLE runtime.document_fragment (
 );
 
 -- A requester's rooms, found from the requester's side (these two indexes), not per document.
-CREATE INDEX participant_entity ON runtime.participant (agent_id, entity_id);
+CREATE INDEX participant_entity ON runtime.participant (agent_id, entity_id, room_id);
 CREATE INDEX room_world ON runtime.room (agent_id, world_id);
 
 -- The rules, on plain values (inlined by the planner: no per-row function call). `role` is the

@@ -313,11 +313,14 @@ SELECT task_id FROM run_lease;
 
 -- next_wakeup --
 -- When the claim loop has something to do next: the earliest due queue task or
--- lease expiry that a claim would take (each from its index).
+-- lease expiry that a claim would take (each from its index; the runs' in lease order, stopping
+-- at the first of an active task, instead of joining every active task).
 SELECT least((SELECT min(ready_at) FROM scheduler.task WHERE status = 'active' AND queued),
              (SELECT min(lease_expires_at) FROM scheduler.task WHERE status = 'running'),
-             (SELECT min(r.lease_expires_at)
-                FROM scheduler.run r JOIN scheduler.task t ON t.id = r.task_id AND t.status = 'active')) AS at,
+             (SELECT r.lease_expires_at FROM scheduler.run r
+               WHERE EXISTS (SELECT 1 FROM scheduler.task t WHERE t.id = r.task_id AND t.status = 'active')
+               ORDER BY r.lease_expires_at
+               LIMIT 1)) AS at,
        now() AS db_now;
 
 -- count_due --
@@ -447,7 +450,10 @@ WITH old AS (
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 )
+-- The cutoff again on the deleted rows: with it PostgreSQL finds them by the time index too,
+-- without it each batch joined against a scan of the whole table.
 DELETE FROM scheduler.uncertain_attempt u
  USING old
  WHERE u.task_id = old.task_id AND u.lease_token = old.lease_token
+   AND u.reclaimed_at < now() - %(retention_ms)s * interval '1 millisecond'
 RETURNING u.task_id;

@@ -12,3 +12,12 @@ CREATE INDEX memory_room_recent ON runtime.memory (agent_id, room_id, kind, crea
 -- to return 1 at 3,000 turns): recovery after a crash slowed with the agent's whole history. Only
 -- memories that answer a turn are in it (replies and ignore records, one or a few per turn).
 CREATE INDEX memory_replies ON runtime.memory (agent_id, in_reply_to) WHERE in_reply_to IS NOT NULL;
+
+-- A participant by agent, entity and room (the ingest reads the agent's and the sender's rows of
+-- the room; lift_expired_mute updates one). Beside the primary key (agent_id, room_id,
+-- entity_id), participant_entity (agent_id, entity_id) cost the same to the planner, and the
+-- generic plan took it and filtered by room: every room the agent or the sender was ever in
+-- (2,999 rows dropped for 1). With the room appended it is exact; its prefix still serves the
+-- lookups by entity.
+DROP INDEX runtime.participant_entity;
+CREATE INDEX participant_entity ON runtime.participant (agent_id, entity_id, room_id);

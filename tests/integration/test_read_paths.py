@@ -1,10 +1,12 @@
-"""The runtime's reads of memories cost what they return, not the agent's whole history (migration
-0012): a turn reads its room's recent messages without reading the agent's other rooms
-(`ingest`), and a redelivered turn finds its stored replies without walking every message
-(`list_replies`). Against a real PostgreSQL, with the plans PostgreSQL actually ran."""
+"""The runtime's reads cost what they return, not the agent's whole history (migration 0012): a
+turn reads its room's recent messages without reading the agent's other rooms and its room's
+participants without reading every room the sender was in (`ingest`), and a redelivered turn
+finds its stored replies without walking every message (`list_replies`). Against a real
+PostgreSQL, with the plans PostgreSQL actually ran."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -140,9 +142,42 @@ async def test_a_redelivered_turn_finds_its_replies_without_walking_the_agents_m
         assert scan["Actual Rows"] == len(replies), (analyzed, scan)
 
 
-async def explain(store: RuntimeStore, sql: str, values: dict[str, Any]) -> dict[str, Any]:
+async def test_the_ingest_reads_the_rooms_participants_whatever_rooms_they_are_in(
+    store: RuntimeStore,
+) -> None:
+    """The sender's and the agent's rows of the room, by all three keys: not every room the sender
+    ever spoke in, also with the generic plan a pooled connection's prepared statement switches to."""
+    agent_id = uuid.uuid4()
+    await store.upsert_agent(agent_id, f"agent-{agent_id.hex[:8]}", {"name": "x"}, True)
+    sender = uuid.uuid4()
+    rooms = [uuid.uuid4() for _ in range(300)]
+    for seq, room in enumerate(rooms, start=1):  # one sender, a new room each time (a web chat)
+        sent = dataclasses.replace(message(agent_id, room, seq, "hi"), entity_id=sender)
+        assert (await store.ingest(sent)).state == "running"
+        # The agent's own row in the room (written when it is muted, followed, or echoed).
+        await store.db.execute(
+            "INSERT INTO runtime.participant (agent_id, room_id, entity_id, role)"
+            " VALUES (%s, %s, %s, 'MEMBER')",
+            (agent_id, room, agent_id),
+            what="agent participant",
+        )
+    last = dataclasses.replace(message(agent_id, rooms[0], len(rooms) + 1, "again"), entity_id=sender)
+    for mode in ("force_custom_plan", "force_generic_plan"):
+        plan = await explain(store, Q["ingest"], params(last), plan_cache_mode=mode)
+        scans = [n for n in nodes(plan) if n.get("Relation Name") == "participant" and n.get("Alias") != "px"]
+        assert {n["Alias"] for n in scans} >= {"ap", "sp"}, scans
+        for scan in scans:
+            assert scan.get("Rows Removed by Filter", 0) == 0, (mode, scan)
+            assert scan["Actual Rows"] <= 1, (mode, scan)
+
+
+async def explain(
+    store: RuntimeStore, sql: str, values: dict[str, Any], *, plan_cache_mode: str | None = None
+) -> dict[str, Any]:
     """The plan of ``sql`` as PostgreSQL ran it (EXPLAIN ANALYZE, rolled back)."""
     async with store.db.connection("explain") as conn, conn.transaction(force_rollback=True):
+        if plan_cache_mode is not None:
+            await conn.execute("SELECT set_config('plan_cache_mode', %s, true)", (plan_cache_mode,))
         cursor = await conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, values)
         row = await cursor.fetchone()
     assert row is not None
