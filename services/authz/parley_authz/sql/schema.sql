@@ -130,7 +130,7 @@ CREATE TABLE authz.capability_confirmation (
     CHECK (state <> 'pending' OR grant_id IS NULL),
     CHECK (state NOT IN ('issued', 'consumed') OR (grant_id IS NOT NULL AND grant_digest IS NOT NULL))
 );
-CREATE INDEX capability_confirmation_pending ON authz.capability_confirmation (created_at)
+CREATE INDEX capability_confirmation_pending ON authz.capability_confirmation (expires_at) INCLUDE (created_at)
     WHERE state = 'pending';
 
 -- What Authorize granted: one per decision, ever. A receipt must cite it.
@@ -210,5 +210,5 @@ CREATE TABLE authz.interaction_confirmation (
     CHECK ((state = 'pending') = (grant_id IS NULL)),
     CHECK (state <> 'consumed' OR consumed_at IS NOT NULL)
 );
-CREATE INDEX interaction_confirmation_pending ON authz.interaction_confirmation (created_at)
+CREATE INDEX interaction_confirmation_pending ON authz.interaction_confirmation (expires_at) INCLUDE (created_at)
     WHERE state = 'pending';
