@@ -171,6 +171,37 @@ async def test_the_ingest_reads_the_rooms_participants_whatever_rooms_they_are_i
             assert scan["Actual Rows"] <= 1, (mode, scan)
 
 
+async def test_the_operators_page_of_rooms_is_linear_in_the_agents_rooms(store: RuntimeStore) -> None:
+    """``parley rooms``: the agent's own row in each room read by its key, the page read in order."""
+    agent_id = uuid.uuid4()
+    await store.upsert_agent(agent_id, f"agent-{agent_id.hex[:8]}", {"name": "x"}, True)
+    rooms = 400
+    await store.db.execute(
+        """WITH r AS (
+               INSERT INTO runtime.room (agent_id, id, source, channel_id, type, created_at)
+               SELECT %(agent)s, gen_random_uuid(), 'history', 'channel-' || i, 'GROUP',
+                      now() - i * interval '1 second'
+                 FROM generate_series(1, %(rooms)s) AS i
+               RETURNING id)
+           INSERT INTO runtime.participant (agent_id, room_id, entity_id, role, user_state)
+           SELECT %(agent)s, r.id, %(agent)s, 'MEMBER', 'MUTED' FROM r""",
+        {"agent": agent_id, "rooms": rooms},
+        what="rooms",
+    )
+    values = {"agent_id": agent_id, "world_id": None, "limit": 51, "offset": 0}
+    page = await store.db.fetchall(Q["list_rooms_admin"], values, what="rooms page")
+    assert [r["channel_id"] for r in page] == [f"channel-{i}" for i in range(1, 52)]
+    assert {r["user_state"] for r in page} == {"MUTED"}
+    for mode in ("force_custom_plan", "force_generic_plan"):
+        plan = await explain(store, Q["list_rooms_admin"], values, plan_cache_mode=mode)
+        for node in nodes(plan):
+            # Each room meets only its own agent row: nothing is compared with the others' rows.
+            assert node.get("Rows Removed by Join Filter", 0) == 0, (mode, node)
+            if node.get("Relation Name") == "participant":
+                assert node.get("Rows Removed by Filter", 0) == 0, (mode, node)
+                assert node["Actual Rows"] <= 1, (mode, node)
+
+
 async def explain(
     store: RuntimeStore, sql: str, values: dict[str, Any], *, plan_cache_mode: str | None = None
 ) -> dict[str, Any]:

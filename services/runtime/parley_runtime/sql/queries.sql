@@ -616,12 +616,16 @@ SELECT count(*) AS turns, max(received_at) AS last_at
 -- --- operator administration (parley rooms|worlds|entities|participants|relationships) --------
 
 -- list_rooms_admin --
--- Rooms with the agent's own state in each (muted, until when).
+-- Rooms with the agent's own state in each (muted, until when), newest first by room_recent. The
+-- agent's row is read per room by its key: as a join, the planner could compare every room with
+-- every room's agent row (quadratic in the agent's rooms, 4.5 million comparisons at 3,000).
 SELECT r.id, r.source, r.channel_id, r.type, r.name, r.created_at, w.external_id AS world_external_id,
        r.world_id, ap.user_state, ap.mute_until
   FROM runtime.room r
   LEFT JOIN runtime.world w ON w.agent_id = r.agent_id AND w.id = r.world_id
-  LEFT JOIN runtime.participant ap ON ap.agent_id = r.agent_id AND ap.room_id = r.id AND ap.entity_id = r.agent_id
+  LEFT JOIN LATERAL (SELECT p.user_state, p.mute_until FROM runtime.participant p
+                      WHERE p.agent_id = r.agent_id AND p.room_id = r.id AND p.entity_id = r.agent_id
+                      LIMIT 1) ap ON true  -- (one row by the key; LIMIT keeps it from becoming a join)
  WHERE r.agent_id = %(agent_id)s AND (%(world_id)s::uuid IS NULL OR r.world_id = %(world_id)s)
  ORDER BY r.created_at DESC, r.id DESC
  LIMIT %(limit)s OFFSET %(offset)s;

@@ -233,6 +233,7 @@ CREATE TABLE runtime.document_fragment (
 -- A requester's rooms, found from the requester's side (these two indexes), not per document.
 CREATE INDEX participant_entity ON runtime.participant (agent_id, entity_id, room_id);
 CREATE INDEX room_world ON runtime.room (agent_id, world_id);
+CREATE INDEX room_recent ON runtime.room (agent_id, created_at DESC, id DESC);
 
 -- The rules, on plain values (inlined by the planner: no per-row function call). `role` is the
 -- requester's role in the document's room (NULL: none), `in_room` whether they take part in it;

@@ -21,3 +21,7 @@ CREATE INDEX memory_replies ON runtime.memory (agent_id, in_reply_to) WHERE in_r
 -- lookups by entity.
 DROP INDEX runtime.participant_entity;
 CREATE INDEX participant_entity ON runtime.participant (agent_id, entity_id, room_id);
+
+-- The operator's page of an agent's rooms, newest first (list_rooms_admin), without sorting all of
+-- them. Rooms are inserted once and their updated columns are not in it.
+CREATE INDEX room_recent ON runtime.room (agent_id, created_at DESC, id DESC);
