@@ -1,8 +1,9 @@
 """The runtime's reads cost what they return, not the agent's whole history (migration 0012): a
 turn reads its room's recent messages without reading the agent's other rooms and its room's
 participants without reading every room the sender was in (`ingest`), and a redelivered turn
-finds its stored replies without walking every message (`list_replies`). Against a real
-PostgreSQL, with the plans PostgreSQL actually ran."""
+finds its stored replies without walking every message (`list_replies`); the operator's page of
+rooms and the embedding backfill read what they return. Against a real PostgreSQL, with the plans
+PostgreSQL actually ran."""
 
 from __future__ import annotations
 
@@ -200,6 +201,31 @@ async def test_the_operators_page_of_rooms_is_linear_in_the_agents_rooms(store: 
             if node.get("Relation Name") == "participant":
                 assert node.get("Rows Removed by Filter", 0) == 0, (mode, node)
                 assert node["Actual Rows"] <= 1, (mode, node)
+
+
+async def test_the_embedding_backfill_reads_only_the_memories_waiting_for_one(store: RuntimeStore) -> None:
+    agent_id = uuid.uuid4()
+    await store.upsert_agent(agent_id, f"agent-{agent_id.hex[:8]}", {"name": "x"}, True)
+    room = uuid.uuid4()
+    for seq in range(1, 301):
+        await store.ingest(message(agent_id, room, seq, f"message {seq}"))
+    # Every message got its embedding but three (stored while the model was away).
+    await store.db.execute(
+        """UPDATE runtime.memory SET embedding = '[0.1, 0.2, 0.3]'::vector
+            WHERE agent_id = %(agent)s AND content ->> 'text' <> ALL (%(waiting)s)""",
+        {"agent": agent_id, "waiting": ["message 7", "message 70", "message 170"]},
+        what="embeddings",
+    )
+    waiting = await store.missing_embeddings(agent_id, limit=10)
+    assert [text for _, text in waiting] == ["message 170", "message 70", "message 7"]
+    for analyzed in (False, True):
+        if analyzed:
+            await store.db.execute("ANALYZE runtime.memory", {}, what="analyze")
+        plan = await explain(store, Q["missing_embeddings"], {"agent_id": agent_id, "limit": 10})
+        (scan,) = [n for n in nodes(plan) if n.get("Relation Name") == "memory"]
+        assert scan.get("Index Name") == "memory_missing_embedding", (analyzed, scan)
+        assert scan.get("Rows Removed by Filter", 0) == 0, (analyzed, scan)
+        assert scan["Actual Rows"] == 3, (analyzed, scan)
 
 
 async def explain(
