@@ -31,8 +31,35 @@ async def store(test_env: SessionEnv) -> AsyncIterator[RuntimeStore]:
     await migrate(test_env.database_url, SCHEMA, MIGRATIONS_DIR)
     database = Database(test_env.database_url, name="room-history-tests", min_size=1, max_size=4)
     await database.open()
+    await other_agents_history(database)
     yield RuntimeStore(database)
     await database.close()
+
+
+async def other_agents_history(database: Database, agents: int = 4, turns: int = 1500) -> None:
+    """What a shared database holds besides each test's agent: other agents' messages and their
+    replies, analyzed. The planner's estimates for a new agent come from these statistics."""
+    await database.execute(
+        """WITH a AS (
+               INSERT INTO runtime.agent (id, name, character, enabled)
+               SELECT gen_random_uuid(), 'other-' || gen_random_uuid(), '{}'::jsonb, true
+                 FROM generate_series(1, %(agents)s)
+               RETURNING id),
+           m AS (
+               INSERT INTO runtime.memory (agent_id, id, room_id, entity_id, kind, content, created_at)
+               SELECT a.id, gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 'messages',
+                      jsonb_build_object('text', 'hello ' || i), now() - i * interval '1 second'
+                 FROM a, generate_series(1, %(turns)s) AS i
+               RETURNING agent_id, id, room_id, created_at)
+           INSERT INTO runtime.memory (agent_id, id, room_id, entity_id, kind, content, in_reply_to,
+                                       created_at)
+           SELECT m.agent_id, gen_random_uuid(), m.room_id, m.agent_id, 'messages',
+                  jsonb_build_object('text', 'reply'), m.id, m.created_at + interval '1 millisecond'
+             FROM m""",
+        {"agents": agents, "turns": turns},
+        what="other agents",
+    )
+    await database.execute("ANALYZE runtime.memory", {}, what="analyze")
 
 
 def message(agent_id: uuid.UUID, room_id: uuid.UUID, seq: int, text: str) -> NewMessage:
@@ -81,7 +108,9 @@ async def test_a_quiet_rooms_history_reads_only_that_room(store: RuntimeStore) -
         seq += 1
         ingested = await store.ingest(message(agent_id, quiet, seq, f"quiet {i}"))
         assert ingested.state == "running"
-    # Then the agent gets busy elsewhere: every one of these is newer than the quiet room's.
+    # Statistics from before the agent got busy (what a growing table has between autovacuums),
+    # then it gets busy elsewhere: every one of these is newer than the quiet room's.
+    await store.db.execute("ANALYZE runtime.memory", {}, what="analyze")
     for r in range(BUSY_ROOMS):
         room = uuid.uuid4()
         for i in range(BUSY_MESSAGES):
@@ -127,20 +156,22 @@ async def test_a_redelivered_turn_finds_its_replies_without_walking_the_agents_m
         keep=False,
     )
     assert state == "replied"
+    await store.db.execute("ANALYZE runtime.memory", {}, what="analyze")  # statistics from before
     for i in range(BUSY_ROOMS * BUSY_MESSAGES):  # the agent's later messages, in several rooms
         seq += 1
         await store.ingest(message(agent_id, uuid.uuid5(room, str(i % BUSY_ROOMS)), seq, f"later {i}"))
 
     stored = await store.list_replies(agent_id, answered.memory_id)
     assert [(r.id, r.content["text"]) for r in stored] == [(rid, c["text"]) for rid, c in replies]
-    for analyzed in (False, True):
+    values = {"agent_id": agent_id, "turn_id": answered.memory_id}
+    for analyzed, mode in ((False, "auto"), (False, "force_generic_plan"), (True, "auto")):
         if analyzed:
             await store.db.execute("ANALYZE runtime.memory", {}, what="analyze")
-        plan = await explain(store, Q["list_replies"], {"agent_id": agent_id, "turn_id": answered.memory_id})
+        plan = await explain(store, Q["list_replies"], values, plan_cache_mode=mode)
         (scan,) = [n for n in nodes(plan) if n.get("Relation Name") == "memory"]
-        assert scan.get("Index Name") == "memory_replies", (analyzed, scan)
-        assert scan.get("Rows Removed by Filter", 0) == 0, (analyzed, scan)
-        assert scan["Actual Rows"] == len(replies), (analyzed, scan)
+        assert scan.get("Index Name") == "memory_replies", (analyzed, mode, scan)
+        assert scan.get("Rows Removed by Filter", 0) == 0, (analyzed, mode, scan)
+        assert scan["Actual Rows"] == len(replies), (analyzed, mode, scan)
 
 
 async def test_the_ingest_reads_the_rooms_participants_whatever_rooms_they_are_in(
@@ -207,6 +238,7 @@ async def test_the_embedding_backfill_reads_only_the_memories_waiting_for_one(st
     agent_id = uuid.uuid4()
     await store.upsert_agent(agent_id, f"agent-{agent_id.hex[:8]}", {"name": "x"}, True)
     room = uuid.uuid4()
+    await store.db.execute("ANALYZE runtime.memory", {}, what="analyze")  # statistics from before
     for seq in range(1, 301):
         await store.ingest(message(agent_id, room, seq, f"message {seq}"))
     # Every message got its embedding but three (stored while the model was away).

@@ -96,7 +96,8 @@ CREATE UNIQUE INDEX memory_inbound_once ON runtime.memory (agent_id, source, ext
     WHERE external_id IS NOT NULL;
 CREATE INDEX memory_room_recent ON runtime.memory (agent_id, room_id, kind, created_at DESC, id DESC);
 CREATE INDEX memory_kind_recent ON runtime.memory (agent_id, kind, created_at DESC, id DESC);
-CREATE INDEX memory_replies ON runtime.memory (agent_id, in_reply_to) WHERE in_reply_to IS NOT NULL;
+CREATE INDEX memory_replies ON runtime.memory (agent_id, in_reply_to, created_at, id)
+    WHERE in_reply_to IS NOT NULL;
 CREATE INDEX memory_missing_embedding ON runtime.memory (agent_id, created_at DESC)
     WHERE embedding IS NULL AND kind IN ('messages', 'facts') AND coalesce(content ->> 'text', '') <> '';
 
