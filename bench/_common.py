@@ -89,6 +89,11 @@ class Series:
             "n": len(self.latencies),
         }
 
+    @classmethod
+    def merged(cls, name: str, parts: list[Series]) -> Series:
+        """One series of several measured in turns with others (each part's latencies and wall time)."""
+        return cls(name, [x for part in parts for x in part.latencies], sum(part.wall for part in parts))
+
 
 class Clock:
     def __init__(self) -> None:

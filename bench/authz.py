@@ -70,10 +70,6 @@ async def timed(name: str, n: int, clients: int, op: Op) -> Series:
     return Series(name, latencies, time.perf_counter() - started)
 
 
-def merged(name: str, parts: list[Series]) -> Series:
-    return Series(name, [x for part in parts for x in part.latencies], sum(part.wall for part in parts))
-
-
 class SqlFloor:
     """The raw statement a claim is: flip one pending row, returning it; every row once."""
 
@@ -327,8 +323,10 @@ async def main(args: argparse.Namespace) -> None:
                             for k, v in cpu_ms_per_op(between, after, n).items():
                                 spent[k] = spent.get(k, 0.0) + v
                         key = f"{name}:{transport}:{width}"
-                        results[key] = merged(f"{name.title()} over {transport}, {width} client(s)", mine)
-                        floors[key] = merged(f"  floor beside it: UPDATE … RETURNING, {width} conn", raw)
+                        label = f"{name.title()} over {transport}, {width} client(s)"
+                        results[key] = Series.merged(label, mine)
+                        floor_label = f"  floor beside it: UPDATE … RETURNING, {width} conn"
+                        floors[key] = Series.merged(floor_label, raw)
                         cpu[key] = {k: round(v, 3) for k, v in spent.items()}
                         cpu_floor[key] = {k: round(v, 3) for k, v in spent_raw.items()}
             nats = {width: await nats_floor(env, buses, n, width) for width, n in widths}

@@ -1,22 +1,36 @@
-"""Shared test types: the session's environment and the suite of service processes."""
+"""Shared test types and helpers: the session's environment, the suite of service processes, the
+runtime's store against a real PostgreSQL, and the plans PostgreSQL ran."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import re
 import secrets
+import urllib.request
 import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import nats.js.errors
 import psycopg
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
+from psycopg import sql as pgsql
+from psycopg.adapt import PyFormat, Transformer
 
 from parley.v1 import runtime_pb2
 from parley_devinfra.infra import Endpoints, free_port
 from parley_devinfra.natsauth import NatsAuth
 from parley_platform.bus import Bus
+from parley_platform.postgres import Database, migrate
 from parley_platform.testing import ServiceProcess
+from parley_runtime.records import NewMessage
+from parley_runtime.store import MIGRATIONS_DIR as RUNTIME_MIGRATIONS
+from parley_runtime.store import SCHEMA as RUNTIME_SCHEMA
+from parley_runtime.store import RuntimeStore, positional
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -208,3 +222,150 @@ def turn_of(database_url: str, message: runtime_pb2.InboundMessage) -> tuple[str
             (message.source, message.message_id),
         ).fetchone()
     return None if row is None else (row[0], row[1])
+
+
+def scraped(port: str | int, name: str, label: str = "") -> float:
+    """The sum of a metric's samples whose labels contain ``label``, scraped from a service's
+    metrics port."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    samples = re.findall(rf"^{name}(?:\{{([^}}]*)\}})? (\S+)$", text, re.M)
+    return sum(float(value) for labels, value in samples if label in labels)
+
+
+@contextlib.asynccontextmanager
+async def migrated(
+    database_url: str, schema: str, migrations: Path, name: str, *, max_size: int = 4
+) -> AsyncIterator[Database]:
+    """A pool on ``database_url`` with a service's migrations applied, closed on the way out."""
+    await migrate(database_url, schema, migrations)
+    database = Database(database_url, name=name, min_size=1, max_size=max_size)
+    await database.open()
+    try:
+        yield database
+    finally:
+        await database.close()
+
+
+@contextlib.asynccontextmanager
+async def runtime_store(database_url: str, name: str, *, max_size: int = 4) -> AsyncIterator[RuntimeStore]:
+    """The runtime's store on a migrated database."""
+    async with migrated(
+        database_url, RUNTIME_SCHEMA, RUNTIME_MIGRATIONS, name, max_size=max_size
+    ) as database:
+        yield RuntimeStore(database)
+
+
+async def new_agent(store: RuntimeStore) -> uuid.UUID:
+    agent_id = uuid.uuid4()
+    await store.upsert_agent(agent_id, f"agent-{agent_id.hex[:8]}", {"name": "x"}, True)
+    return agent_id
+
+
+def new_message(
+    agent_id: uuid.UUID,
+    room_id: uuid.UUID,
+    seq: int,
+    text: str | None = None,
+    *,
+    sender: uuid.UUID | None = None,
+    source: str = "test",
+    history: int = 4,
+) -> NewMessage:
+    """Message ``seq`` of a DM room as the runtime's ingest takes it; by default its sender is the
+    agent's one user, the same in every room."""
+    return NewMessage(
+        agent_id=agent_id,
+        world_id=None,
+        world_external_id=None,
+        source=source,
+        entity_id=sender or uuid.uuid5(agent_id, "user"),
+        entity_names=["user"],
+        entity_metadata={},
+        room_id=room_id,
+        channel_id=f"channel-{room_id.hex[:8]}",
+        room_type="DM",
+        stream_epoch=1,
+        stream_seq=seq,
+        memory_id=uuid.uuid5(room_id, str(seq)),
+        content={"text": f"message {seq}" if text is None else text},
+        external_id=f"{room_id.hex}-{seq}",
+        history=history,
+        sender_role=None,
+        reply_to_id=None,
+    )
+
+
+async def explain(
+    db: Database, sql: str, values: Mapping[str, Any] | None = None, *, plan_cache_mode: str | None = None
+) -> dict[str, Any]:
+    """The plan of ``sql`` as PostgreSQL ran it (``EXPLAIN ANALYZE``, in a transaction rolled back).
+
+    With ``plan_cache_mode``, the statement is prepared and executed as the services' statements
+    are (psycopg prepares them on the server), so ``force_generic_plan`` gives the generic plan
+    PostgreSQL's plan cache may switch to after five executions. A plain ``EXPLAIN`` of a statement
+    with parameters always plans for their values: the plan cache never sees it. That path takes
+    ``%(name)s`` placeholders only (no ``%%``, no ``%(name)b``) and values psycopg can write as SQL
+    literals (not ``Vector``, which has a binary form only)."""
+    async with db.connection("explain") as conn:
+        if plan_cache_mode is None:
+            async with conn.transaction(force_rollback=True):
+                cursor = await conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, values)
+                row = await cursor.fetchone()
+        else:
+            row = await _explain_prepared(conn, sql, values or {}, plan_cache_mode)
+    assert row is not None
+    document = row[0] if not isinstance(row, dict) else next(iter(row.values()))
+    plan: dict[str, Any] = (json.loads(document) if isinstance(document, str) else document)[0]["Plan"]
+    return plan
+
+
+async def _explain_prepared(
+    conn: psycopg.AsyncConnection[Any], sql: str, values: Mapping[str, Any], plan_cache_mode: str
+) -> Any:
+    text, names = positional(sql)
+    arguments = [values[name] for name in names]
+    # The parameters' types as psycopg sends them (unknown where it leaves them to the server).
+    adapter = Transformer(conn)
+    adapter.dump_sequence(arguments, [PyFormat.AUTO] * len(arguments))
+    name = f"explained_{uuid.uuid4().hex}"
+    try:
+        async with conn.transaction(force_rollback=True):
+            cursor = await conn.execute(
+                "SELECT CASE WHEN o = 0 THEN 'unknown' ELSE format_type(o, NULL) END"
+                "  FROM unnest(%s::oid[]) WITH ORDINALITY AS p (o, i) ORDER BY i",
+                (list(adapter.types),),
+            )
+            declared = ", ".join(str(r[0]) for r in await cursor.fetchall())
+            await conn.execute("SELECT set_config('plan_cache_mode', %s, true)", (plan_cache_mode,))
+            await conn.execute(f"PREPARE {name} ({declared}) AS {text}".encode())
+            # EXECUTE takes its arguments as literals: a utility statement has no bound parameters.
+            cursor = await conn.execute(
+                pgsql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {}({})").format(
+                    pgsql.Identifier(name), pgsql.SQL(", ").join(pgsql.Literal(a) for a in arguments)
+                )
+            )
+            return await cursor.fetchone()
+    finally:
+        # A prepared statement is the session's, not the transaction's (PostgreSQL drops it with
+        # the rollback only in some cases): gone either way, and the real error, if any, kept.
+        if await _is_prepared(conn, name):
+            await conn.execute(f"DEALLOCATE {name}")
+
+
+async def _is_prepared(conn: psycopg.AsyncConnection[Any], name: str) -> bool:
+    cursor = await conn.execute("SELECT 1 FROM pg_prepared_statements WHERE name = %s", (name,))
+    return await cursor.fetchone() is not None
+
+
+async def prepared_statements(db: Database) -> list[str]:
+    """The statements prepared on the pool's connection (give it one: ``max_size=1``)."""
+    rows = await db.fetchall("SELECT statement FROM pg_prepared_statements", what="prepared", prepare=False)
+    return [r["statement"] for r in rows]
+
+
+def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every node of a plan, depth first."""
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from plan_nodes(child)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json as jsonlib
+import sys
 from typing import Annotated
 
 import typer
@@ -85,6 +86,8 @@ async def add(
     server = await call("AddMcpServer", request, timeout=60.0)
     tools = ", ".join(t.action for t in server.tools) or "none yet"
     print(f"added {server.name} ({server.transport}, {server.state}); actions: {tools}")
+    if server.error:
+        print(f"its last session ended: {server.error}", file=sys.stderr)
 
 
 @command(app)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import psycopg
 import pytest
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -46,6 +47,16 @@ class Replica:
     metrics_port: int
 
 
+def start_replica(test_env: SessionEnv, logs: Path, **settings: str) -> Replica:
+    """An authz process on ports of its own, with ``settings`` over the test environment."""
+    grpc_port, metrics_port = free_port(), free_port()
+    env = test_env.service_env(
+        PARLEY_AUTHZ_GRPC_PORT=str(grpc_port), PARLEY_AUTHZ_METRICS_PORT=str(metrics_port), **settings
+    )
+    process = ServiceProcess("parley_authz", env, logs / f"authz-{grpc_port}.log", grpc_port).start()
+    return Replica(process, grpc_port, metrics_port)
+
+
 @pytest.fixture(scope="module")
 async def replicas(
     test_env: SessionEnv, tmp_path_factory: pytest.TempPathFactory, bus: Bus
@@ -54,16 +65,15 @@ async def replicas(
     started: list[Replica] = []
     try:
         for _ in range(2):
-            grpc_port, metrics_port = free_port(), free_port()
-            env = test_env.service_env(
-                PARLEY_AUTHZ_GRPC_PORT=str(grpc_port),
-                PARLEY_AUTHZ_METRICS_PORT=str(metrics_port),
-                PARLEY_AUTHZ_SWEEP_INTERVAL_SECONDS="0.2",
-                PARLEY_AUTHZ_GAUGE_INTERVAL_SECONDS="0.2",
-                PARLEY_DB_POOL_MAX="12",
+            started.append(
+                start_replica(
+                    test_env,
+                    logs,
+                    PARLEY_AUTHZ_SWEEP_INTERVAL_SECONDS="0.2",
+                    PARLEY_AUTHZ_GAUGE_INTERVAL_SECONDS="0.2",
+                    PARLEY_DB_POOL_MAX="12",
+                )
             )
-            process = ServiceProcess("parley_authz", env, logs / f"authz-{grpc_port}.log", grpc_port).start()
-            started.append(Replica(process, grpc_port, metrics_port))
         for replica in started:
             await replica.process.wait_ready()
         yield started
@@ -396,6 +406,52 @@ def ms(value: int) -> Timestamp:
     return Timestamp(seconds=value // 1000, nanos=(value % 1000) * 1_000_000)
 
 
+async def register_decision(
+    rpc: RpcClient,
+    agent: str,
+    decision_id: str,
+    *,
+    capability: str,
+    risk: authz_pb2.RiskLevel.ValueType,
+    inputs: dict[str, Any],
+    confirmation_id: str = "",
+    ttl_ms: int = 60_000,
+) -> tuple[authz_pb2.CapabilityRequest, authz_pb2.PolicyDecision]:
+    """A request of ``agent`` on account ``acct`` (snapshot ``s1``) and a policy decision for it,
+    registered over NATS: allowed, or waiting for ``confirmation_id``."""
+    now = int(time.time() * 1000)
+    request = authz_pb2.CapabilityRequest(
+        version=1,
+        agent_id=agent,
+        account_id="acct",
+        snapshot_version="s1",
+        capability=capability,
+        operation="create",
+        catalog_risk=risk,
+        risk=risk,
+        input_digest=canonical.tool_arguments_digest(inputs),
+        bound_at=ms(now - 10),
+    )
+    allowed, waiting = authz_pb2.POLICY_OUTCOME_ALLOWED, authz_pb2.POLICY_OUTCOME_CONFIRMATION_REQUIRED
+    decision = authz_pb2.PolicyDecision(
+        version=1,
+        decision_id=decision_id,
+        request_digest=canonical.request_digest(request),
+        outcome=waiting if confirmation_id else allowed,
+        confirmation_id=confirmation_id,
+        issued_at=ms(now),
+        expires_at=ms(now + ttl_ms),
+    )
+    decision.digest = canonical.decision_digest(decision)
+    await call(
+        rpc,
+        "RegisterDecision",
+        authz_pb2.RegisterDecisionRequest(request=request, decision=decision),
+        authz_pb2.RegisterDecisionResponse,
+    )
+    return request, decision
+
+
 @pytest.mark.slow
 async def test_64_concurrent_authorizes_of_one_decision_succeed_once(
     replicas: list[Replica], rpc: RpcClient, test_env: SessionEnv, agent: str
@@ -409,33 +465,13 @@ async def test_64_concurrent_authorizes_of_one_decision_succeed_once(
     racers = await NatsRacers.start(test_env, processes=4, per_process=16)
     try:
         for round_ in range(10):
-            now = int(time.time() * 1000)
-            request = authz_pb2.CapabilityRequest(
-                version=1,
-                agent_id=agent,
-                account_id="acct",
-                snapshot_version="s1",
-                capability="payments.transfer",
-                operation="create",
-                catalog_risk=authz_pb2.RISK_LEVEL_R3,
-                risk=authz_pb2.RISK_LEVEL_R3,
-                input_digest=canonical.tool_arguments_digest({"round": round_}),
-                bound_at=ms(now - 10),
-            )
-            decision = authz_pb2.PolicyDecision(
-                version=1,
-                decision_id=f"d-{round_}",
-                request_digest=canonical.request_digest(request),
-                outcome=authz_pb2.POLICY_OUTCOME_ALLOWED,
-                issued_at=ms(now),
-                expires_at=ms(now + 60_000),
-            )
-            decision.digest = canonical.decision_digest(decision)
-            await call(
+            request, decision = await register_decision(
                 rpc,
-                "RegisterDecision",
-                authz_pb2.RegisterDecisionRequest(request=request, decision=decision),
-                authz_pb2.RegisterDecisionResponse,
+                agent,
+                f"d-{round_}",
+                capability="payments.transfer",
+                risk=authz_pb2.RISK_LEVEL_R3,
+                inputs={"round": round_},
             )
             counted = await racers.race(
                 "Authorize",
@@ -759,3 +795,66 @@ async def test_metrics_show_pending_approvals_and_their_age(
         return total >= 1
 
     await eventually(decided, what="the decision to be counted")
+
+
+async def test_a_replica_sweeps_expired_decisions_nobody_authorized(
+    test_env: SessionEnv, rpc: RpcClient, agent: str, tmp_path: Path, replicas: list[Replica]
+) -> None:
+    """A replica of its own keeping expired decisions for no time at all: its sweeper deletes the
+    one registered and left to expire, burns its confirmation and counts it."""
+    replica = start_replica(
+        test_env,
+        tmp_path,
+        PARLEY_AUTHZ_DECISION_RETENTION_SECONDS="0",
+        PARLEY_AUTHZ_DECISION_SWEEP_SECONDS="0.2",
+    )
+    sweeper, metrics_port = replica.process, replica.metrics_port
+    try:
+        await sweeper.wait_ready()
+        await call(
+            rpc,
+            "PutAccountSnapshot",
+            authz_pb2.PutAccountSnapshotRequest(agent_id=agent, account_id="acct", snapshot_version="s1"),
+            authz_pb2.PutAccountSnapshotResponse,
+        )
+        request, decision = await register_decision(
+            rpc,
+            agent,
+            "d-left-to-expire",
+            capability="mail.send",
+            risk=authz_pb2.RISK_LEVEL_R2,
+            inputs={"to": "bob"},
+            confirmation_id="c-left-to-expire",
+            ttl_ms=3000,
+        )
+
+        def state() -> tuple[int, str]:
+            with psycopg.connect(test_env.database_url) as conn:
+                row = conn.execute(
+                    "SELECT (SELECT count(*) FROM authz.capability_decision WHERE agent_id = %(a)s),"
+                    " (SELECT state FROM authz.capability_confirmation WHERE agent_id = %(a)s)",
+                    {"a": uuid.UUID(agent)},
+                ).fetchone()
+            assert row is not None
+            return int(row[0]), str(row[1])
+
+        assert state() == (1, "pending")
+
+        async def swept() -> bool:
+            return await asyncio.to_thread(state) == (0, "burned")
+
+        await eventually(swept, timeout=15, what="the sweeper to delete the expired decision")
+        samples = await asyncio.to_thread(scrape, metrics_port)
+        assert samples.get('parley_authz_burned_total{reason="unused"}', 0) >= 1
+        with pytest.raises(ParleyError) as refusal:
+            await call(
+                rpc,
+                "Authorize",
+                authz_pb2.AuthorizeRequest(
+                    request=request, decision_id=decision.decision_id, decision_digest=decision.digest
+                ),
+                authz_pb2.AuthorizeResponse,
+            )
+        assert refusal.value.code == "STALE_CAPABILITY_AUTHORIZATION"
+    finally:
+        sweeper.stop()

@@ -304,11 +304,41 @@ async def test_mcp_servers_tools_are_actions(
             assert code == 0, out + err
             assert "TIME_CONVERT_TIME" in out
             code, out, err = await parley(
-                suite, port, "mcp", "add", AGENT, "clock", "--", str(BIN / "mcp-server-time")
+                suite,
+                port,
+                "mcp",
+                "add",
+                AGENT,
+                "clock",
+                "--",
+                str(BIN / "mcp-server-time"),
+                "--local-timezone",
+                "UTC",
             )
             assert code == 0, err
-            assert "CLOCK_GET_CURRENT_TIME" in out
+            if "CLOCK_GET_CURRENT_TIME" not in out:
+                # The add waits a bounded time for the first session (15 s, 3 attempts). A server
+                # that is not up by then is added anyway, said so (with its last error), and kept
+                # trying; its tools arrive with its session.
+                assert "actions: none yet" in out, out + err
+                assert "(stdio, starting)" in out or "its last session ended:" in err, out + err
+
+                async def clock_connected() -> bool:
+                    listed = await mcp.ListMcpServers(
+                        mcp_pb2.ListMcpServersRequest(agent_id=AGENT), metadata=auth, timeout=10
+                    )
+                    clock = next(s for s in listed.servers if s.name == "clock")
+                    return "CLOCK_GET_CURRENT_TIME" in {t.action for t in clock.tools}
+
+                await eventually(clock_connected, timeout=60, what=f"the clock server's tools ({out}{err})")
             code, out, err = await parley(suite, port, "mcp", "remove", AGENT, "clock")
+            assert code == 0, err
+            # A server that cannot start: added, and the CLI says why it has no actions.
+            code, out, err = await parley(suite, port, "mcp", "add", AGENT, "broken", "--", "/bin/false")
+            assert code == 0, err
+            assert "added broken (stdio, restarting); actions: none yet" in out
+            assert "its last session ended:" in err, err
+            code, out, err = await parley(suite, port, "mcp", "remove", AGENT, "broken")
             assert code == 0, err
             code, out, err = await parley(suite, port, "mcp", "remove", AGENT, "clock")
             assert code == 1

@@ -5,6 +5,7 @@ to the exact authorization, and the typed errors."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 import uuid
@@ -32,7 +33,7 @@ from parley_platform.errors import (
 )
 from parley_platform.postgres import Database, migrate
 from parley_platform.testing import eventually
-from support import SessionEnv
+from support import SessionEnv, migrated
 
 SECRET_ARGS = {"to": "bob@example.com", "api_key": "sk-live-never-in-authz"}
 
@@ -520,3 +521,122 @@ async def test_issue_confirmation_after_revocation_is_stale(api: AuthzApi, agent
     assert stale.code == "STALE_CAPABILITY_AUTHORIZATION"
     unknown = await refused(issue(api, agent, decision, confirmation_id="c-never"))
     assert unknown.code == "STALE_CAPABILITY_CONFIRMATION"
+
+
+async def expired_decisions(
+    api: AuthzApi, db: Database, agent: str, n: int
+) -> list[tuple[authz_pb2.CapabilityRequest, authz_pb2.PolicyDecision]]:
+    """``n`` registered decisions, every other one waiting for a confirmation, all expired by the
+    database's clock."""
+    registered = []
+    for i in range(n):
+        request = capability_request(agent)
+        if i % 2:
+            decision = policy(
+                request,
+                outcome=authz_pb2.POLICY_OUTCOME_CONFIRMATION_REQUIRED,
+                confirmation_id=f"c-{uuid.uuid4().hex[:12]}",
+                ttl_ms=300,
+            )
+        else:
+            decision = policy(request, ttl_ms=300)
+        await register(api, request, decision)
+        registered.append((request, decision))
+    latest = max(d.expires_at.ToDatetime(tzinfo=UTC) for _, d in registered)
+
+    async def passed() -> bool:
+        row = await db.fetchone("SELECT now() AS now")
+        return bool(row and row["now"] > latest)
+
+    await eventually(passed, timeout=10, what="the decisions to expire")
+    return registered
+
+
+async def decisions_left(db: Database, agent: str) -> int:
+    row = await db.fetchone(
+        "SELECT count(*) AS n FROM authz.capability_decision WHERE agent_id = %s", (uuid.UUID(agent),)
+    )
+    assert row is not None
+    return int(row["n"])
+
+
+async def confirmation_states(db: Database, agent: str) -> list[str]:
+    rows = await db.fetchall(
+        "SELECT state FROM authz.capability_confirmation WHERE agent_id = %s", (uuid.UUID(agent),)
+    )
+    return sorted(row["state"] for row in rows)
+
+
+async def test_expired_decisions_nobody_authorized_are_swept_after_their_retention(
+    api: AuthzApi, agent: str, db: Database
+) -> None:
+    store = api.store
+    live_request = capability_request(agent)
+    live = policy(live_request)
+    await register(api, live_request, live)
+    expired = await expired_decisions(api, db, agent, 4)
+
+    # Within the retention nothing is swept: an Authorize is still told the decision expired.
+    await store.sweep_expired_decisions(3600, 1000)
+    assert await decisions_left(db, agent) == 5
+    assert await confirmation_states(db, agent) == ["pending", "pending"]
+
+    swept = 0
+    while (batch := await store.sweep_expired_decisions(0, 3)) > 0:  # batches of 3
+        swept += batch
+    assert swept >= 4  # these four, and any another test left expired
+    assert await decisions_left(db, agent) == 1, "the live decision stays"
+    assert await confirmation_states(db, agent) == ["burned", "burned"]
+
+    # A swept decision authorizes nothing, and its id cannot be registered again.
+    request, decision = expired[0]
+    stale = await refused(authorize(api, request, decision))
+    assert stale.code == "STALE_CAPABILITY_AUTHORIZATION"
+    assert "consumed or burned" in stale.message
+    again = policy(request, decision.decision_id)
+    assert (await refused(register(api, request, again))).code == "CAPABILITY_DECISION_REUSED"
+    # The live one still authorizes, once.
+    assert (await authorize(api, live_request, live)).decision_id == live.decision_id
+
+
+async def test_sweepers_racing_authorizers_delete_each_expired_decision_once(fresh_database: str) -> None:
+    """Four sweepers, each on a connection pool of its own, race an Authorize of every expired
+    decision: each decision is deleted exactly once (by a sweeper, or burned by its Authorize),
+    every Authorize is refused, and every confirmation ends burned. A database of its own: the
+    sweepers delete every expired decision, and the shared one has other tests' expiring."""
+    n = 40
+    async with contextlib.AsyncExitStack() as stack:
+        db = await stack.enter_async_context(
+            migrated(fresh_database, SCHEMA, MIGRATIONS_DIR, "authz-sweep-race")
+        )
+        sweepers = [
+            await stack.enter_async_context(
+                migrated(fresh_database, SCHEMA, MIGRATIONS_DIR, f"sweeper-{i}", max_size=1)
+            )
+            for i in range(4)
+        ]
+        registry = CollectorRegistry()
+        api = AuthzApi(store=AuthzStore(db), bus=None, metrics=AuthzMetrics(registry))
+        agent = str(uuid.uuid4())
+        await connect(api, agent, "acct-1", "v1")
+        expired = await expired_decisions(api, db, agent, n)
+
+        async def sweep(database: Database) -> int:
+            store = AuthzStore(database)
+            total = 0
+            while (batch := await store.sweep_expired_decisions(0, 4)) > 0:
+                total += batch
+            return total
+
+        outcomes = await asyncio.gather(
+            *(sweep(sweeper) for sweeper in sweepers),
+            *(refused(authorize(api, request, decision)) for request, decision in expired),
+        )
+        swept = sum(o for o in outcomes[: len(sweepers)] if isinstance(o, int))
+        refusals = outcomes[len(sweepers) :]
+        assert len(refusals) == n
+        assert {r.code for r in refusals if isinstance(r, ParleyError)} == {"STALE_CAPABILITY_AUTHORIZATION"}
+        burned_by_authorize = int(burned(registry, "expired") or 0)
+        assert swept + burned_by_authorize == n, (swept, burned_by_authorize)
+        assert await decisions_left(db, agent) == 0
+        assert await confirmation_states(db, agent) == ["burned"] * (n // 2)

@@ -8,18 +8,28 @@ PostgreSQL actually ran."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from psycopg.types.json import Jsonb
 
-from parley_platform.postgres import Database, migrate
+from parley_platform.postgres import Database
+from parley_runtime.admin_store import AdminStore
+from parley_runtime.documents.domain import Requester
+from parley_runtime.documents.store import DocumentStore
 from parley_runtime.records import NewMessage
-from parley_runtime.store import MIGRATIONS_DIR, SCHEMA, Q, RuntimeStore
-from support import SessionEnv
+from parley_runtime.store import Q, RuntimeStore
+from support import (
+    SessionEnv,
+    explain,
+    new_agent,
+    new_message,
+    plan_nodes,
+    prepared_statements,
+    runtime_store,
+)
 
 HISTORY = 8
 BUSY_ROOMS = 40
@@ -28,12 +38,9 @@ BUSY_MESSAGES = 30  # per busy room, all newer than the quiet room's
 
 @pytest.fixture(scope="module")
 async def store(test_env: SessionEnv) -> AsyncIterator[RuntimeStore]:
-    await migrate(test_env.database_url, SCHEMA, MIGRATIONS_DIR)
-    database = Database(test_env.database_url, name="room-history-tests", min_size=1, max_size=4)
-    await database.open()
-    await other_agents_history(database)
-    yield RuntimeStore(database)
-    await database.close()
+    async with runtime_store(test_env.database_url, "room-history-tests") as store:
+        await other_agents_history(store.db)
+        yield store
 
 
 async def other_agents_history(database: Database, agents: int = 4, turns: int = 1500) -> None:
@@ -63,25 +70,9 @@ async def other_agents_history(database: Database, agents: int = 4, turns: int =
 
 
 def message(agent_id: uuid.UUID, room_id: uuid.UUID, seq: int, text: str) -> NewMessage:
-    return NewMessage(
-        agent_id=agent_id,
-        world_id=None,
-        world_external_id=None,
-        source="history",
-        entity_id=uuid.uuid5(room_id, "user"),
-        entity_names=[f"user of {room_id.hex[:6]}"],
-        entity_metadata={},
-        room_id=room_id,
-        channel_id=f"channel-{room_id.hex[:8]}",
-        room_type="DM",
-        stream_epoch=1,
-        stream_seq=seq,
-        memory_id=uuid.uuid4(),
-        content={"text": text},
-        external_id=uuid.uuid4().hex,
-        history=HISTORY,
-        sender_role=None,
-        reply_to_id=None,
+    """One sender per room, as in a web chat."""
+    return new_message(
+        agent_id, room_id, seq, text, sender=uuid.uuid5(room_id, "user"), source="history", history=HISTORY
     )
 
 
@@ -93,15 +84,8 @@ def params(sent: NewMessage) -> dict[str, Any]:
     }
 
 
-def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from nodes(child)
-
-
 async def test_a_quiet_rooms_history_reads_only_that_room(store: RuntimeStore) -> None:
-    agent_id = uuid.uuid4()
-    await store.upsert_agent(agent_id, f"agent-{agent_id.hex[:8]}", {"name": "x"}, True)
+    agent_id = await new_agent(store)
     quiet = uuid.uuid4()
     seq = 0
     for i in range(HISTORY):
@@ -138,8 +122,7 @@ async def test_a_quiet_rooms_history_reads_only_that_room(store: RuntimeStore) -
 async def test_a_redelivered_turn_finds_its_replies_without_walking_the_agents_messages(
     store: RuntimeStore,
 ) -> None:
-    agent_id = uuid.uuid4()
-    await store.upsert_agent(agent_id, f"agent-{agent_id.hex[:8]}", {"name": "x"}, True)
+    agent_id = await new_agent(store)
     room, seq = uuid.uuid4(), 1
     answered = message(agent_id, room, seq, "answer me")
     ingested = await store.ingest(answered)
@@ -164,11 +147,11 @@ async def test_a_redelivered_turn_finds_its_replies_without_walking_the_agents_m
     stored = await store.list_replies(agent_id, answered.memory_id)
     assert [(r.id, r.content["text"]) for r in stored] == [(rid, c["text"]) for rid, c in replies]
     values = {"agent_id": agent_id, "turn_id": answered.memory_id}
-    for analyzed, mode in ((False, "auto"), (False, "force_generic_plan"), (True, "auto")):
+    for analyzed, mode in ((False, None), (False, "force_generic_plan"), (True, None)):
         if analyzed:
             await store.db.execute("ANALYZE runtime.memory", {}, what="analyze")
-        plan = await explain(store, Q["list_replies"], values, plan_cache_mode=mode)
-        (scan,) = [n for n in nodes(plan) if n.get("Relation Name") == "memory"]
+        plan = await explain(store.db, Q["list_replies"], values, plan_cache_mode=mode)
+        (scan,) = [n for n in plan_nodes(plan) if n.get("Relation Name") == "memory"]
         assert scan.get("Index Name") == "memory_replies", (analyzed, mode, scan)
         assert scan.get("Rows Removed by Filter", 0) == 0, (analyzed, mode, scan)
         assert scan["Actual Rows"] == len(replies), (analyzed, mode, scan)
@@ -179,8 +162,7 @@ async def test_the_ingest_reads_the_rooms_participants_whatever_rooms_they_are_i
 ) -> None:
     """The sender's and the agent's rows of the room, by all three keys: not every room the sender
     ever spoke in, also with the generic plan a pooled connection's prepared statement switches to."""
-    agent_id = uuid.uuid4()
-    await store.upsert_agent(agent_id, f"agent-{agent_id.hex[:8]}", {"name": "x"}, True)
+    agent_id = await new_agent(store)
     sender = uuid.uuid4()
     rooms = [uuid.uuid4() for _ in range(300)]
     for seq, room in enumerate(rooms, start=1):  # one sender, a new room each time (a web chat)
@@ -195,8 +177,10 @@ async def test_the_ingest_reads_the_rooms_participants_whatever_rooms_they_are_i
         )
     last = dataclasses.replace(message(agent_id, rooms[0], len(rooms) + 1, "again"), entity_id=sender)
     for mode in ("force_custom_plan", "force_generic_plan"):
-        plan = await explain(store, Q["ingest"], params(last), plan_cache_mode=mode)
-        scans = [n for n in nodes(plan) if n.get("Relation Name") == "participant" and n.get("Alias") != "px"]
+        plan = await explain(store.db, Q["ingest"], params(last), plan_cache_mode=mode)
+        scans = [
+            n for n in plan_nodes(plan) if n.get("Relation Name") == "participant" and n.get("Alias") != "px"
+        ]
         assert {n["Alias"] for n in scans} >= {"ap", "sp"}, scans
         for scan in scans:
             assert scan.get("Rows Removed by Filter", 0) == 0, (mode, scan)
@@ -205,8 +189,7 @@ async def test_the_ingest_reads_the_rooms_participants_whatever_rooms_they_are_i
 
 async def test_the_operators_page_of_rooms_is_linear_in_the_agents_rooms(store: RuntimeStore) -> None:
     """``parley rooms``: the agent's own row in each room read by its key, the page read in order."""
-    agent_id = uuid.uuid4()
-    await store.upsert_agent(agent_id, f"agent-{agent_id.hex[:8]}", {"name": "x"}, True)
+    agent_id = await new_agent(store)
     rooms = 400
     await store.db.execute(
         """WITH r AS (
@@ -224,19 +207,18 @@ async def test_the_operators_page_of_rooms_is_linear_in_the_agents_rooms(store: 
     page = await store.db.fetchall(Q["list_rooms_admin"], values, what="rooms page")
     assert [r["channel_id"] for r in page] == [f"channel-{i}" for i in range(1, 52)]
     assert {r["user_state"] for r in page} == {"MUTED"}
-    for mode in ("force_custom_plan", "force_generic_plan"):
-        plan = await explain(store, Q["list_rooms_admin"], values, plan_cache_mode=mode)
-        for node in nodes(plan):
-            # Each room meets only its own agent row: nothing is compared with the others' rows.
-            assert node.get("Rows Removed by Join Filter", 0) == 0, (mode, node)
-            if node.get("Relation Name") == "participant":
-                assert node.get("Rows Removed by Filter", 0) == 0, (mode, node)
-                assert node["Actual Rows"] <= 1, (mode, node)
+    # Planned for its values, as the service runs it (not prepared: see the test of that below).
+    plan = await explain(store.db, Q["list_rooms_admin"], values)
+    for node in plan_nodes(plan):
+        # Each room meets only its own agent row: nothing is compared with the others' rows.
+        assert node.get("Rows Removed by Join Filter", 0) == 0, node
+        if node.get("Relation Name") == "participant":
+            assert node.get("Rows Removed by Filter", 0) == 0, node
+            assert node["Actual Rows"] <= 1, node
 
 
 async def test_the_embedding_backfill_reads_only_the_memories_waiting_for_one(store: RuntimeStore) -> None:
-    agent_id = uuid.uuid4()
-    await store.upsert_agent(agent_id, f"agent-{agent_id.hex[:8]}", {"name": "x"}, True)
+    agent_id = await new_agent(store)
     room = uuid.uuid4()
     await store.db.execute("ANALYZE runtime.memory", {}, what="analyze")  # statistics from before
     for seq in range(1, 301):
@@ -253,31 +235,155 @@ async def test_the_embedding_backfill_reads_only_the_memories_waiting_for_one(st
     for analyzed in (False, True):
         if analyzed:
             await store.db.execute("ANALYZE runtime.memory", {}, what="analyze")
-        plan = await explain(store, Q["missing_embeddings"], {"agent_id": agent_id, "limit": 10})
-        (scan,) = [n for n in nodes(plan) if n.get("Relation Name") == "memory"]
+        plan = await explain(store.db, Q["missing_embeddings"], {"agent_id": agent_id, "limit": 10})
+        (scan,) = [n for n in plan_nodes(plan) if n.get("Relation Name") == "memory"]
         assert scan.get("Index Name") == "memory_missing_embedding", (analyzed, scan)
         assert scan.get("Rows Removed by Filter", 0) == 0, (analyzed, scan)
         assert scan["Actual Rows"] == 3, (analyzed, scan)
 
 
-async def explain(
-    store: RuntimeStore, sql: str, values: dict[str, Any], *, plan_cache_mode: str | None = None
-) -> dict[str, Any]:
-    """The plan of ``sql`` as PostgreSQL ran it (EXPLAIN ANALYZE, rolled back)."""
-    async with store.db.connection("explain") as conn, conn.transaction(force_rollback=True):
-        if plan_cache_mode is not None:
-            await conn.execute("SELECT set_config('plan_cache_mode', %s, true)", (plan_cache_mode,))
-        cursor = await conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, values)
-        row = await cursor.fetchone()
-    assert row is not None
-    document = row[0] if not isinstance(row, dict) else next(iter(row.values()))
-    plan: dict[str, Any] = (json.loads(document) if isinstance(document, str) else document)[0]["Plan"]
-    return plan
-
-
 async def history_scan(store: RuntimeStore, sent: NewMessage) -> dict[str, Any]:
     """The plan node that reads the room's history in the ingest of ``sent``."""
-    plan = await explain(store, Q["ingest"], params(sent))
-    scans = [n for n in nodes(plan) if n.get("Relation Name") == "memory" and n.get("Alias") == "m"]
+    plan = await explain(store.db, Q["ingest"], params(sent))
+    scans = [n for n in plan_nodes(plan) if n.get("Relation Name") == "memory" and n.get("Alias") == "m"]
     assert len(scans) == 1, scans
     return {k: v for k, v in scans[0].items() if k != "Plans"}
+
+
+async def test_the_operators_pages_of_entities_and_participants_read_one_page(store: RuntimeStore) -> None:
+    """``parley entities`` and ``parley participants``, newest first: a page walks an index in that
+    order and stops, where it sorted every entity or participant of the agent (migration 0013)."""
+    agent_id = await new_agent(store)
+    users = 3000
+    await store.db.execute(
+        """WITH e AS (
+               INSERT INTO runtime.entity (agent_id, id, names, created_at)
+               SELECT %(agent)s, gen_random_uuid(), ARRAY['user ' || i],
+                      now() - interval '1 hour' - i * interval '1 second'
+                 FROM generate_series(1, %(users)s) AS i
+               RETURNING id, created_at),
+           r AS (
+               INSERT INTO runtime.room (agent_id, id, source, channel_id, type)
+               SELECT %(agent)s, gen_random_uuid(), 'history', 'channel-' || e.id, 'DM' FROM e
+               RETURNING id, channel_id)
+           INSERT INTO runtime.participant (agent_id, room_id, entity_id, created_at)
+           SELECT %(agent)s, r.id, e.id, e.created_at
+             FROM e JOIN r ON r.channel_id = 'channel-' || e.id""",
+        {"agent": agent_id, "users": users},
+        what="users",
+    )
+    entities = await store.db.fetchall(
+        Q["list_entities"], {"agent_id": agent_id, "room_id": None, "limit": 51, "offset": 50}, what="page"
+    )
+    # The agent's own entity is the newest.
+    assert [e["names"] for e in entities] == [[f"user {i}"] for i in range(50, 101)]
+    participants = await store.db.fetchall(
+        Q["list_participants"],
+        {"agent_id": agent_id, "room_id": None, "entity_id": None, "limit": 51, "offset": 50},
+        what="page",
+    )
+    assert [p["names"] for p in participants] == [[f"user {i}"] for i in range(51, 102)]
+
+    # Once analyzed (autovacuum's statistics): with the statistics of before the 3,000 users, the
+    # planner still believes a sort of a few rows is cheaper, as it did without the index.
+    await store.db.execute("ANALYZE runtime.entity, runtime.participant", {}, what="analyze")
+    for name, table, values in (
+        ("list_entities", "entity", {"room_id": None}),
+        ("list_participants", "participant", {"room_id": None, "entity_id": None}),
+    ):
+        await assert_reads_one_page(store.db, name, table, {"agent_id": agent_id, **values})
+
+
+async def test_the_operators_pages_of_turns_and_relationships_read_one_page(store: RuntimeStore) -> None:
+    """``parley turns`` (all the agent's turns, or one room's) and the relationships page, newest
+    first: a page walks an index in that order and stops, where it sorted every turn or every
+    relationship of the agent (migration 0014)."""
+    agent_id = await new_agent(store)
+    turns, rooms, users = 12000, 4, 400  # 3,000 turns a room: a sort of the room would read them all
+    await store.db.execute(
+        """WITH r AS (SELECT gen_random_uuid() AS id, n FROM generate_series(0, %(rooms)s - 1) AS n)
+           INSERT INTO runtime.turn (agent_id, id, room_id, stream_seq, state, received_at)
+           SELECT %(agent)s, gen_random_uuid(), r.id, i, 'replied', now() - i * interval '1 second'
+             FROM generate_series(1, %(turns)s) AS i JOIN r ON r.n = i %% %(rooms)s""",
+        {"agent": agent_id, "turns": turns, "rooms": rooms},
+        what="turns",
+    )
+    await store.db.execute(
+        """WITH e AS (
+               INSERT INTO runtime.entity (agent_id, id, names)
+               SELECT %(agent)s, gen_random_uuid(), ARRAY['user ' || i]
+                 FROM generate_series(1, %(users)s) AS i
+               RETURNING id, names)
+           INSERT INTO runtime.relationship (agent_id, id, source_entity_id, target_entity_id, tags,
+                                             updated_at)
+           SELECT %(agent)s, gen_random_uuid(), e.id, %(agent)s, ARRAY[e.names[1]],
+                  now() - substr(e.names[1], 6)::int * interval '1 second'
+             FROM e""",
+        {"agent": agent_id, "users": users},
+        what="relationships",
+    )
+    await store.db.execute("ANALYZE runtime.turn, runtime.relationship", {}, what="analyze")
+
+    everywhere = await store.list_turns(agent_id, None, 51, 50)
+    assert [t.stream_seq for t in everywhere] == list(range(51, 102))
+    room = everywhere[0].room_id
+    in_room = await store.list_turns(agent_id, room, 51, 10)
+    first = 51 % rooms  # the room's newest turn
+    assert [t.stream_seq for t in in_room] == list(range(first + 10 * rooms, first + 61 * rooms, rooms))
+    assert {t.room_id for t in in_room} == {room}
+    relationships = await store.db.fetchall(
+        Q["list_relationships"],
+        {"agent_id": agent_id, "entity_id": None, "tag": None, "limit": 51, "offset": 50},
+        what="page",
+    )
+    assert [r["tags"] for r in relationships] == [[f"user {i}"] for i in range(51, 102)]
+
+    for name, table, values in (
+        ("list_turns", "turn", {"room_id": None}),
+        ("list_turns", "turn", {"room_id": room}),
+        ("list_relationships", "relationship", {"entity_id": None, "tag": None}),
+    ):
+        await assert_reads_one_page(store.db, name, table, {"agent_id": agent_id, **values})
+
+
+async def assert_reads_one_page(db: Database, name: str, table: str, values: dict[str, Any]) -> None:
+    """The page at offset 50 walks an index in the page's order and stops after it: no sort, no row
+    read and thrown away. Planned for its values, as the service runs its pages (not prepared)."""
+    plan = await explain(db, Q[name], {**values, "limit": 51, "offset": 50})
+    where = (name, values)
+    sorts = [n for n in plan_nodes(plan) if n["Node Type"] in ("Sort", "Incremental Sort")]
+    assert not sorts, where
+    (scan,) = [n for n in plan_nodes(plan) if n.get("Relation Name") == table]
+    assert scan["Actual Rows"] <= 101, (where, scan)
+    assert scan.get("Rows Removed by Filter", 0) == 0, (where, scan)
+
+
+async def test_the_operators_pages_are_planned_for_their_filters(test_env: SessionEnv) -> None:
+    """The pages with optional filters (``%(room_id)s IS NULL OR room_id = …``) and a room's memory
+    search are never prepared: a prepared statement may run PostgreSQL's one generic plan after five
+    executions, and that plan cannot use the index of a filter that may be absent (one room's page
+    of turns walked every turn of the agent). Counted in ``pg_prepared_statements`` of the pool's
+    one connection, which does list the statements the store prepares."""
+    async with runtime_store(test_env.database_url, "pages-unprepared", max_size=1) as store:
+        agent_id = await new_agent(store)
+        admin, documents = AdminStore(store.db), DocumentStore(store.db)
+        room, entity = uuid.uuid4(), uuid.uuid4()
+        before = await prepared_statements(store.db)
+        assert await store.get_turn(agent_id, room) is None
+        assert len(await prepared_statements(store.db)) == len(before) + 1
+        for _ in range(7):
+            for room_id in (None, room):
+                await store.list_turns(agent_id, room_id, 51, 0)
+                await store.list_memories(agent_id, "messages", room_id, 51, 0)
+                await admin.list_entities(agent_id, room_id, 51, 0)
+                await admin.list_participants(agent_id, room_id, entity, 51, 0)
+                await admin.list_participants(agent_id, room_id, None, 51, 0)
+                await admin.list_relationships(agent_id, entity if room_id else None, None, 51, 0)
+                await admin.list_rooms_admin(agent_id, room_id, 51, 0)
+            await store.search_memories(agent_id, [0.5] * 8, kind="facts", limit=5, room_id=room)
+            await documents.page(agent_id, Requester(None, operator=True), room, 51, 0)
+            await documents.page(agent_id, Requester(None, operator=True), None, 51, 0)
+        assert len(await prepared_statements(store.db)) == len(before) + 1
+        # The turn's own search, of the whole agent, is prepared.
+        await store.search_memories(agent_id, [0.5] * 8, kind="facts", limit=5)
+        assert len(await prepared_statements(store.db)) == len(before) + 2

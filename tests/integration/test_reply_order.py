@@ -19,50 +19,21 @@ import pytest
 
 from parley.v1 import runtime_pb2
 from parley_platform.bus import Bus
-from parley_platform.postgres import Database, migrate
 from parley_runtime.records import Ingested, NewMessage
-from parley_runtime.store import MIGRATIONS_DIR, SCHEMA, RuntimeStore
+from parley_runtime.store import RuntimeStore
 from parley_runtime.turn.ports import Outbox
 from parley_runtime.turn.reply import Reply
-from support import SessionEnv, stream_messages
+from support import SessionEnv, new_agent, new_message, runtime_store, stream_messages
 
 
 @pytest.fixture(scope="module")
 async def store(test_env: SessionEnv) -> AsyncIterator[RuntimeStore]:
-    await migrate(test_env.database_url, SCHEMA, MIGRATIONS_DIR)
-    database = Database(test_env.database_url, name="reply-order-tests", min_size=2, max_size=8)
-    await database.open()
-    yield RuntimeStore(database)
-    await database.close()
-
-
-async def new_agent(store: RuntimeStore) -> uuid.UUID:
-    agent_id = uuid.uuid4()
-    await store.upsert_agent(agent_id, f"agent-{agent_id.hex[:8]}", {"name": "x"}, True)
-    return agent_id
+    async with runtime_store(test_env.database_url, "reply-order-tests", max_size=8) as store:
+        yield store
 
 
 def message(agent_id: uuid.UUID, room_id: uuid.UUID, seq: int) -> NewMessage:
-    return NewMessage(
-        agent_id=agent_id,
-        world_id=None,
-        world_external_id=None,
-        source="order",
-        entity_id=uuid.uuid5(agent_id, "user"),
-        entity_names=["user"],
-        entity_metadata={},
-        room_id=room_id,
-        channel_id=f"channel-{room_id.hex[:8]}",
-        room_type="DM",
-        stream_epoch=1,
-        stream_seq=seq,
-        memory_id=uuid.uuid5(room_id, str(seq)),
-        content={"text": f"message {seq}"},
-        external_id=f"{room_id.hex}-{seq}",
-        history=4,
-        sender_role=None,
-        reply_to_id=None,
-    )
+    return new_message(agent_id, room_id, seq, source="order")
 
 
 async def save(

@@ -24,6 +24,7 @@ from parley_scheduler.store import (
     completion_row,
     insert_row,
 )
+from support import prepared_statements
 
 AGENT = str(uuid.uuid4())
 
@@ -291,3 +292,26 @@ async def test_uncertain_attempts_are_pruned_after_their_retention(
     assert kept == 10
     assert timedelta(hours=0.9) < youngest
     assert oldest < timedelta(hours=10.1)
+
+
+async def test_the_page_of_tasks_is_planned_for_its_filters(database: str) -> None:
+    """``ListTasks``' filters are optional (``%(agent_id)s IS NULL OR agent_id = …``): the page runs
+    unprepared, planned for the filters given, never as PostgreSQL's one generic plan (which cannot
+    use the agent's index when the agent may be absent). ``get`` is prepared, so the count can move."""
+    db = Database(database, name="one-connection", min_size=1, max_size=1)
+    await db.open()
+    try:
+        store = SchedulerStore(db)
+        [task_id] = await insert(store, [one_shot()])
+        before = await prepared_statements(db)
+        assert await store.get(task_id, None) is not None
+        assert len(await prepared_statements(db)) == len(before) + 1
+        for _ in range(7):
+            for agent in (None, uuid.UUID(AGENT)):
+                page = await store.list_tasks(
+                    agent_id=agent, tags=[], status=None, name=None, limit=10, offset=0
+                )
+                assert [t.id for t in page] == [task_id]
+        assert len(await prepared_statements(db)) == len(before) + 1
+    finally:
+        await db.close()

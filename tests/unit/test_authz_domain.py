@@ -12,7 +12,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from parley.v1 import authz_pb2
 from parley_authz import contracts, domain
-from parley_authz.model import Lease, ToolCall
+from parley_authz.model import AuthorizeOutcome, Lease, SeenDecision, ToolCall
 from parley_platform import canonical
 from parley_platform.canonical import InvalidContract
 from parley_platform.errors import Conflict, FailedPrecondition, NotFound, PermissionDenied, Unavailable
@@ -379,3 +379,35 @@ def test_assert_leases_requires_every_resource_covered_by_a_live_matching_lease(
             required=[],
         )
     assert other.value.code == "STALE_LEASE"
+
+
+@pytest.mark.parametrize(
+    ("live", "current", "says"),
+    [
+        (False, True, "expired"),
+        (True, False, "snapshot of the decision is no longer current"),
+        (False, False, "expired"),
+    ],
+)
+def test_a_decision_seen_dead_but_deleted_by_another_statement_is_refused_as_dead(
+    live: bool, current: bool, says: str
+) -> None:
+    """Authorize's snapshot saw the decision dead (expired, or its snapshot replaced), but a
+    concurrent Authorize or the sweeper deleted it first: refused as dead authority, not as waiting
+    for a confirmation, and not counted as burned by this call."""
+    seen = SeenDecision(
+        request_digest="r" * 64,
+        decision_digest="d" * 64,
+        confirmation_id="c-1",
+        live=live,
+        current=current,
+        confirmation_state="pending",
+        grant_digest=None,
+    )
+    outcome = AuthorizeOutcome(authorization=None, deleted=False, deleted_current=None, seen=seen, known=True)
+    refusal = domain.why_not_authorized(
+        outcome, request_digest="r" * 64, decision_digest="d" * 64, grant_digest=None
+    )
+    assert refusal.error.code == "STALE_CAPABILITY_AUTHORIZATION"
+    assert says in refusal.error.message
+    assert refusal.burned is None

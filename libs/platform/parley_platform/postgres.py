@@ -276,11 +276,21 @@ class Database:
                 grouped.future.set_result(row)
 
     async def fetchall(
-        self, sql: str, params: Sequence[Any] | dict[str, Any] | None = None, *, what: str = "query"
+        self,
+        sql: str,
+        params: Sequence[Any] | dict[str, Any] | None = None,
+        *,
+        what: str = "query",
+        prepare: bool = True,
     ) -> list[Row]:
+        """Every row of ``sql``. Statements are prepared on the server, and after five executions
+        PostgreSQL's plan cache may run one generic plan for every value. ``prepare=False`` plans
+        each execution for its values instead: for a page with optional filters (``%(x)s IS NULL OR
+        …``), whose generic plan cannot use the index of a filter that may be absent and walks every
+        row of the agent to find one room's."""
         async with self.connection(what) as conn:
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(sql, params, prepare=True)
+            await cur.execute(sql, params, prepare=prepare)
             return await cur.fetchall()
 
     async def execute(

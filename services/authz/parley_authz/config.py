@@ -17,5 +17,10 @@ class AuthzSettings(Settings):
     authz_sweep_interval_seconds: float = Field(default=1.0, gt=0, le=3600)
     # How long after a decision its event counts as lost and is published again.
     authz_announce_grace_seconds: float = Field(default=5.0, ge=0, le=3600)
+    # How long an expired capability decision nobody authorized is kept (an Authorize of it until
+    # then is told it expired; after, that it was consumed or burned), and how often each replica
+    # deletes the ones kept longer.
+    authz_decision_retention_seconds: float = Field(default=3600.0, ge=0, le=30 * 86400)
+    authz_decision_sweep_seconds: float = Field(default=60.0, gt=0, le=86400)
     # How often the pending and lease gauges are read from the database.
     authz_gauge_interval_seconds: float = Field(default=5.0, gt=0, le=3600)

@@ -196,6 +196,11 @@ def why_not_authorized(
         return Refusal(untrusted("decision_digest does not match the registered decision"), None)
     if seen.request_digest != request_digest:
         return Refusal(untrusted("the decision was not issued for this request"), None)
+    # Seen dead but deleted by another statement first (a concurrent Authorize, the sweeper).
+    if not seen.live:
+        return Refusal(dead("the decision has expired"), None)
+    if not seen.current:
+        return Refusal(dead("the account snapshot of the decision is no longer current"), None)
     if seen.confirmation_id is None:
         if grant_digest is not None:
             return Refusal(

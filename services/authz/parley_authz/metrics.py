@@ -36,7 +36,8 @@ class AuthzMetrics:
         )
         self.burned = Counter(
             "parley_authz_burned",
-            "Capability decisions deleted as dead authority, by reason (snapshot, expired)",
+            "Capability decisions deleted as dead authority, by reason (snapshot, expired; unused: expired,"
+            " never authorized, and swept)",
             ["reason"],
             registry=registry,
         )

@@ -201,6 +201,15 @@ class AuthzStore:
             known=row["known"],
         )
 
+    async def sweep_expired_decisions(self, retention_seconds: float, limit: int) -> int:
+        """Deletes up to ``limit`` decisions expired more than ``retention_seconds`` ago (burning
+        their confirmations); returns how many."""
+        row = await self._the_one(
+            "sweep_expired_decisions", {"retention_seconds": retention_seconds, "limit": limit}
+        )
+        swept: int = row["swept"]
+        return swept
+
     async def record_receipt(self, agent_id: uuid.UUID, receipt: CheckedReceipt) -> ReceiptOutcome:
         values = {**params(receipt), "agent_id": agent_id, "receipt_digest": receipt.digest}
         row = await self._the_one("record_receipt", values)

@@ -79,6 +79,7 @@ class Batcher:
         self.holder = holder
         self.lease_seconds = lease_seconds
         self._locks: dict[str, asyncio.Lock] = {}
+        self._gauged: set[str] = set()  # the labels of parley_batcher_sections set so far
 
     async def add(self, section: Section) -> bool:
         return await self.store.add_section(section)
@@ -213,8 +214,12 @@ class Batcher:
         for status in statuses:
             label = affinity_label(status.affinity)
             pending[label] = pending.get(label, 0) + status.pending
+        # An affinity with nothing left to deliver is not listed: its label falls to 0.
+        for label in self._gauged - pending.keys():
+            pending[label] = 0
         for label, count in pending.items():
             self.metrics.batcher_sections.labels(label).set(count)
+        self._gauged = set(pending)
         return statuses
 
 

@@ -24,6 +24,7 @@ class AdminStore:
             Q["list_rooms_admin"],
             {"agent_id": agent_id, "world_id": world_id, "limit": limit, "offset": offset},
             what="list rooms",
+            prepare=False,
         )
 
     async def list_worlds(self, agent_id: uuid.UUID, limit: int, offset: int) -> Sequence[Row]:
@@ -38,6 +39,7 @@ class AdminStore:
             Q["list_entities"],
             {"agent_id": agent_id, "room_id": room_id, "limit": limit, "offset": offset},
             what="list entities",
+            prepare=False,
         )
 
     async def list_participants(
@@ -58,6 +60,7 @@ class AdminStore:
                 "offset": offset,
             },
             what="list participants",
+            prepare=False,
         )
 
     async def list_relationships(
@@ -67,6 +70,7 @@ class AdminStore:
             Q["list_relationships"],
             {"agent_id": agent_id, "entity_id": entity_id, "tag": tag, "limit": limit, "offset": offset},
             what="list relationships",
+            prepare=False,
         )
 
     async def set_participant_role(

@@ -336,6 +336,9 @@ class RuntimeStore:
                 "room_id": room_id,
             },
             what="search memories",
+            # One room's search (the operator's) is planned for its room: a generic plan would rank
+            # every memory of the kind and filter. The turn's search, agent-wide, stays prepared.
+            prepare=room_id is None,
         )
         return [MemoryMatch.from_row(r) for r in rows]
 
@@ -352,6 +355,7 @@ class RuntimeStore:
             Q["list_memories"],
             {"agent_id": agent_id, "kind": kind, "room_id": room_id, "limit": limit, "offset": offset},
             what="list memories",
+            prepare=False,
         )
         return [Memory.from_row(r) for r in rows]
 
@@ -362,6 +366,7 @@ class RuntimeStore:
             Q["list_turns"],
             {"agent_id": agent_id, "room_id": room_id, "limit": limit, "offset": offset},
             what="list turns",
+            prepare=False,
         )
         return [TurnRecord.from_row(r) for r in rows]
 

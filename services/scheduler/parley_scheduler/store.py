@@ -388,6 +388,7 @@ class SchedulerStore:
                 "offset": offset,
             },
             what="list tasks",
+            prepare=False,
         )
         return [task_from_row(row) for row in rows]
 

@@ -286,6 +286,30 @@ SELECT a.id, a.agent_id, a.request_digest, a.decision_id, a.decision_digest, a.g
   LEFT JOIN authorized a ON true
   LEFT JOIN seen s ON true;
 
+-- sweep_expired_decisions --
+-- Decisions that expired more than `retention_seconds` ago and were never authorized: deleted, and
+-- their pending or issued confirmations burned, as Authorize burns an expired decision. Their ids
+-- stay spent in capability_id, so none can be registered again, and an Authorize of one is
+-- refused as consumed or burned. Without it they stayed forever, and the gauges read all of them
+-- every few seconds. A batch at a time; replicas sweeping at once skip each other's rows.
+WITH dead AS (
+    DELETE FROM authz.capability_decision d
+     USING (SELECT agent_id, decision_id
+              FROM authz.capability_decision
+             WHERE expires_at <= now() - greatest(%(retention_seconds)s, 0) * interval '1 second'
+             LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED) AS due
+     WHERE d.agent_id = due.agent_id AND d.decision_id = due.decision_id
+    RETURNING d.agent_id, d.confirmation_id
+), burned AS (
+    UPDATE authz.capability_confirmation c
+       SET state = 'burned', finished_at = now()
+      FROM dead
+     WHERE c.agent_id = dead.agent_id AND c.confirmation_id = dead.confirmation_id
+       AND c.state IN ('pending', 'issued')
+)
+SELECT count(*)::int AS swept FROM dead;
+
 -- record_receipt --
 -- Recorded once per authorization, only when it cites that authorization
 -- exactly and its chronology holds (authorized <= committed <= observed <= now);

@@ -144,16 +144,28 @@ DELETE FROM model.batch_section
 RETURNING id;
 
 -- batcher_status --
-SELECT s.affinity,
-       count(*) FILTER (WHERE s.state = 'pending')::int AS pending,
-       count(*) FILTER (WHERE s.state <> 'delivered')::int AS sections,
-       min(s.min_cycle_ms) FILTER (WHERE s.frequency = 'recurring' AND s.state <> 'delivered') AS min_cycle_ms,
-       coalesce(max(a.drains), 0) AS drains,
-       bool_or(a.draining_until IS NOT NULL AND a.draining_until >= now()) AS draining,
-       max(a.last_drain_at) AS last_drain_at,
-       (extract(epoch FROM now() - max(a.last_drain_at)) * 1000)::bigint AS since_last_drain_ms
-  FROM model.batch_section s
-  LEFT JOIN model.batch_affinity a ON a.affinity = s.affinity
- WHERE %(affinity)s = '' OR s.affinity = %(affinity)s
- GROUP BY s.affinity
- ORDER BY s.affinity;
+-- Each affinity with sections still to deliver (read by batch_section_undelivered: delivered
+-- sections stay until their owners dispose of them, and are not read), with its drains; and the
+-- affinity asked for by name, also when it has none (its drains, or nothing if it never had any).
+WITH live AS (
+    SELECT affinity,
+           count(*) FILTER (WHERE state = 'pending')::int AS pending,
+           count(*)::int AS sections,
+           min(min_cycle_ms) FILTER (WHERE frequency = 'recurring') AS min_cycle_ms
+      FROM model.batch_section
+     WHERE state <> 'delivered' AND (%(affinity)s = '' OR affinity = %(affinity)s)
+     GROUP BY affinity
+)
+SELECT l.affinity, l.pending, l.sections, l.min_cycle_ms,
+       coalesce(a.drains, 0) AS drains,
+       coalesce(a.draining_until >= now(), false) AS draining,
+       a.last_drain_at,
+       (extract(epoch FROM now() - a.last_drain_at) * 1000)::bigint AS since_last_drain_ms
+  FROM live l
+  LEFT JOIN model.batch_affinity a ON a.affinity = l.affinity
+UNION ALL
+SELECT a.affinity, 0, 0, NULL, a.drains, coalesce(a.draining_until >= now(), false), a.last_drain_at,
+       (extract(epoch FROM now() - a.last_drain_at) * 1000)::bigint
+  FROM model.batch_affinity a
+ WHERE a.affinity = %(affinity)s AND NOT EXISTS (SELECT 1 FROM live WHERE live.affinity = a.affinity)
+ ORDER BY 1;

@@ -50,6 +50,9 @@ CREATE TABLE model.batch_section (
     CONSTRAINT batch_section_recurring_cycle CHECK ((frequency = 'recurring') = (min_cycle_ms > 0))
 );
 CREATE INDEX batch_section_affinity_state ON model.batch_section (affinity, state);
+-- The sections still to deliver, for the batcher's status (delivered ones stay until disposed of).
+CREATE INDEX batch_section_undelivered ON model.batch_section (affinity, state, frequency, min_cycle_ms)
+    WHERE state <> 'delivered';
 CREATE INDEX batch_section_owner ON model.batch_section (agent_id, owner) WHERE owner <> '';
 
 -- One row per affinity: the drain lease that serialises drains across replicas.

@@ -63,6 +63,7 @@ class DocumentStore:
                 "offset": offset,
             },
             what="list documents",
+            prepare=False,
         )
         total = int(rows[0]["total"]) if rows else 0
         return [Document.from_row(r) for r in rows if r["id"] is not None], total

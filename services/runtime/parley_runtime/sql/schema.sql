@@ -126,7 +126,8 @@ CREATE TABLE runtime.turn (
     origin        text NOT NULL DEFAULT 'user' CHECK (origin IN ('user', 'continuation', 'autonomous')),
     PRIMARY KEY (agent_id, id)
 );
-CREATE INDEX turn_room_recent ON runtime.turn (agent_id, room_id, received_at DESC);
+CREATE INDEX turn_recent ON runtime.turn (agent_id, received_at DESC, id DESC);
+CREATE INDEX turn_room_recent ON runtime.turn (agent_id, room_id, received_at DESC, id DESC);
 CREATE INDEX turn_origin_recent ON runtime.turn (agent_id, origin, received_at DESC);
 
 -- Written before a non-idempotent action runs, so a retried turn can tell
@@ -235,6 +236,9 @@ CREATE TABLE runtime.document_fragment (
 
 -- A requester's rooms, found from the requester's side (these two indexes), not per document.
 CREATE INDEX participant_entity ON runtime.participant (agent_id, entity_id, room_id);
+-- The operator's pages, newest first (entities, participants).
+CREATE INDEX entity_recent ON runtime.entity (agent_id, created_at DESC, id DESC);
+CREATE INDEX participant_recent ON runtime.participant (agent_id, created_at DESC, room_id, entity_id);
 CREATE INDEX room_world ON runtime.room (agent_id, world_id);
 CREATE INDEX room_recent ON runtime.room (agent_id, created_at DESC, id DESC);
 
@@ -349,3 +353,4 @@ CREATE TABLE runtime.relationship (
     FOREIGN KEY (agent_id, target_entity_id) REFERENCES runtime.entity (agent_id, id) ON DELETE CASCADE
 );
 CREATE INDEX relationship_target ON runtime.relationship (agent_id, target_entity_id);
+CREATE INDEX relationship_recent ON runtime.relationship (agent_id, updated_at DESC, id DESC);
