@@ -7,10 +7,8 @@ The scripted model's rules for these cases are in tests/e2e/rules.yaml; the test
 from __future__ import annotations
 
 import json
-import re
 import secrets
 import shutil
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -32,10 +30,12 @@ from support import (
     inbound,
     publish_inbound,
     replies_to,
+    scraped,
 )
 
 TESTER_ID = str(uuid.uuid5(AGENT_NAMESPACE, "agent:tester"))
 TERMINAL = ("replied", "ignored", "failed", "superseded")
+TEXT_MODELS = ("TEXT_LARGE", "TEXT_SMALL")
 
 
 class Loop:
@@ -96,13 +96,21 @@ class Loop:
         [reply] = await eventually(lambda: replies_to(self.bus, message), timeout=20, what="a reply")
         return reply
 
-    def model_calls(self, model_type: str) -> float:
+    def model_calls(self) -> float:
+        """The text-model calls the gateway has answered so far."""
         assert self.suite.gateway is not None
         port = self.suite.gateway.env["PARLEY_GATEWAY_METRICS_PORT"]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            text = response.read().decode()
-        pattern = rf'^parley_model_requests_total\{{[^}}]*model_type="{model_type}"[^}}]*\}} ([0-9.e+]+)$'
-        return sum(float(v) for v in re.findall(pattern, text, re.M))
+        return sum(scraped(port, "parley_model_requests_total", f'model_type="{t}"') for t in TEXT_MODELS)
+
+    async def idle(self) -> None:
+        """Wait until no finished turn's after-reply work (its evaluators' model calls) is running:
+        an earlier turn's REFLECTION may otherwise be counted in the middle of a test."""
+
+        async def quiet() -> bool:
+            ports = [r.env["PARLEY_RUNTIME_METRICS_PORT"] for r in self.suite.runtimes]
+            return all(scraped(port, "parley_turn_background_tasks") == 0 for port in ports)
+
+        await eventually(quiet, timeout=30, what="the runtime's after-reply work to finish")
 
 
 @pytest.fixture(scope="module")
@@ -179,11 +187,13 @@ async def test_group_message_the_model_takes_up_and_a_mention_needs_no_question(
 
 
 async def test_message_from_the_agent_itself_costs_no_model_call(loop: Loop) -> None:
-    calls = loop.model_calls("TEXT_LARGE") + loop.model_calls("TEXT_SMALL")
+    await loop.idle()
+    calls = loop.model_calls()
     message = await loop.send("an echo of my own words", sender=DEFAULT_AGENT_ID)
     turn = await loop.finished(message)
     assert (turn["state"], turn["reason"]) == ("ignored", "self")
-    assert loop.model_calls("TEXT_LARGE") + loop.model_calls("TEXT_SMALL") == calls
+    await loop.idle()
+    assert loop.model_calls() == calls
 
 
 async def test_muted_agent_stays_silent_even_when_mentioned_until_unmuted(loop: Loop) -> None:
@@ -191,11 +201,13 @@ async def test_muted_agent_stays_silent_even_when_mentioned_until_unmuted(loop: 
     group = runtime_pb2.ROOM_TYPE_GROUP
     mute = await loop.send("please mute", channel=channel, room_type=group, mentions=True)
     assert (await loop.finished(mute))["state"] == "ignored"  # MUTE_ROOM says nothing
-    calls = loop.model_calls("TEXT_LARGE") + loop.model_calls("TEXT_SMALL")
+    await loop.idle()
+    calls = loop.model_calls()
     mentioned = await loop.send("are you there?", channel=channel, room_type=group, mentions=True)
     turn = await loop.finished(mentioned)
     assert (turn["state"], turn["reason"]) == ("ignored", "muted")
-    assert loop.model_calls("TEXT_LARGE") + loop.model_calls("TEXT_SMALL") == calls
+    await loop.idle()
+    assert loop.model_calls() == calls
     assert await replies_to(loop.bus, mentioned) == []
 
 

@@ -70,6 +70,7 @@ class TurnProcessor:
         self.metrics = metrics
         self.settings = settings
         self.background = Background()
+        metrics.background.set_function(lambda: len(self.background))
         logging = settings.trajectory_logging
         runner = ActionRunner(
             store=self.store,

@@ -6,7 +6,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from parley_platform.consumer import Delivery
 from parley_platform.metrics import LATENCY_BUCKETS
@@ -81,6 +81,11 @@ class TurnMetrics:
         )
         self.autonomous = Counter(
             "parley_autonomous_turns_total", "Autonomous turns by outcome", ["outcome"], registry=registry
+        )
+        self.background = Gauge(
+            "parley_turn_background_tasks",
+            "Finished turns' after-reply work (embeddings, evaluators) still running on this replica",
+            registry=registry,
         )
 
 

@@ -34,6 +34,9 @@ class Background:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def __len__(self) -> int:
+        return len(self._tasks)
+
     async def drain(self, timeout: float) -> None:
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout)
