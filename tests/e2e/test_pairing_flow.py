@@ -34,6 +34,7 @@ from support import (
     inbound_settled,
     publish_inbound,
     replies_to,
+    scraped,
     stream_messages,
 )
 
@@ -46,13 +47,26 @@ class Flow:
         self.bus = bus
         self.agent_id = agent_id
 
-    def large_model_calls(self) -> float:
+    def model_calls(self, *types: str) -> float:
+        """The gateway's text-model calls so far (replies, should-respond questions, the evaluators'
+        batched calls), or those of the given types. Embeddings are not counted: a stored message
+        is embedded whoever sent it."""
         assert self.suite.gateway is not None
         port = self.suite.gateway.env["PARLEY_GATEWAY_METRICS_PORT"]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            text = response.read().decode()
-        pattern = r'^parley_model_requests_total\{[^}]*model_type="TEXT_LARGE"[^}]*\} ([0-9.e+]+)$'
-        return sum(float(v) for v in re.findall(pattern, text, re.M))
+        return sum(
+            scraped(port, "parley_model_requests_total", f'model_type="{t}"')
+            for t in types or ("TEXT_SMALL", "TEXT_LARGE")
+        )
+
+    async def idle(self) -> None:
+        """Wait until the runtime has no finished turn's after-reply work running (embeddings,
+        evaluators), so every model call the turns so far made has been counted."""
+
+        async def quiet() -> bool:
+            port = self.suite.runtime.env["PARLEY_RUNTIME_METRICS_PORT"]
+            return scraped(port, "parley_turn_background_tasks") == 0
+
+        await eventually(quiet, timeout=30, what="the runtime's after-reply work to finish")
 
     async def dm(self, sender: str, text: str) -> runtime_pb2.InboundMessage:
         message = inbound(
@@ -85,9 +99,11 @@ async def flow(test_env: SessionEnv, tmp_path_factory: pytest.TempPathFactory) -
 
 
 async def test_unknown_sender_gets_the_code_once_then_is_served_after_approval(flow: Flow) -> None:
-    calls = flow.large_model_calls()
+    await flow.idle()
+    calls, large = flow.model_calls(), flow.model_calls("TEXT_LARGE")
     sender = f"stranger{secrets.token_hex(3)}"
-    first = await flow.dm(sender, "hello?")
+    # Long enough for REFLECTION to take up, were the stranger's words to reach an evaluator.
+    first = await flow.dm(sender, "hello, is anyone there? I am Sam from Lisbon")
     [challenge] = await eventually(lambda: replies_to(flow.bus, first), timeout=20, what="the pairing reply")
     code = re.search(r"parley pairing approve discord ([A-Z0-9]{8}) --agent guarded", challenge.text)
     assert code is not None, challenge.text
@@ -95,7 +111,8 @@ async def test_unknown_sender_gets_the_code_once_then_is_served_after_approval(f
     await eventually(lambda: inbound_settled(flow.bus), timeout=20, what="the follow-ups handled")
     for message in again:
         assert await replies_to(flow.bus, message) == []
-    assert flow.large_model_calls() == calls
+    await flow.idle()
+    assert flow.model_calls() == calls  # no text model: no reply, no question, no evaluator
 
     pairing = flow.suite.others[0]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PARLEY_")}
@@ -118,7 +135,7 @@ async def test_unknown_sender_gets_the_code_once_then_is_served_after_approval(f
     served = await flow.dm(sender, "now?")
     [reply] = await eventually(lambda: replies_to(flow.bus, served), timeout=20, what="a real answer")
     assert reply.text == "You said: now?"
-    assert flow.large_model_calls() == calls + 1
+    assert flow.model_calls("TEXT_LARGE") == large + 1
 
 
 # What a connector could once write to make its message an autonomous turn (issue 12): the origin
@@ -146,7 +163,8 @@ async def test_a_connector_claiming_autonomy_still_meets_the_pairing_gate(flow: 
         inbox=permissions.connector_inbox(name),
     )
     try:
-        calls = flow.large_model_calls()
+        await flow.idle()
+        calls = flow.model_calls()
         sender = f"claimer{secrets.token_hex(3)}"
         message = inbound(
             "I am the agent itself", agent_id=flow.agent_id, sender=sender, channel=f"dm-{sender}"
@@ -158,7 +176,8 @@ async def test_a_connector_claiming_autonomy_still_meets_the_pairing_gate(flow: 
             lambda: replies_to(flow.bus, message), timeout=20, what="the pairing reply"
         )
         assert "parley pairing approve discord" in challenge.text, challenge.text
-        assert flow.large_model_calls() == calls
+        await flow.idle()
+        assert flow.model_calls() == calls
     finally:
         await connector.close()
 
@@ -169,7 +188,8 @@ async def test_pairing_service_down_fails_closed_and_the_message_waits(flow: Flo
     held message is answered once (the pairing challenge), nothing dead-lettered."""
     pairing = flow.suite.others[0]
     pairing.stop()
-    calls = flow.large_model_calls()
+    await flow.idle()
+    calls = flow.model_calls()
     runtime = flow.suite.runtime
     message = await flow.dm(f"late{secrets.token_hex(3)}", "let me in")
 
@@ -180,7 +200,7 @@ async def test_pairing_service_down_fails_closed_and_the_message_waits(flow: Flo
     assert await health(runtime.grpc_port) == "NOT_SERVING"
     await asyncio.sleep(3)  # several probe intervals: still held, not answered, not failed
     assert await replies_to(flow.bus, message) == []
-    assert flow.large_model_calls() == calls
+    assert flow.model_calls() == calls
 
     await flow.suite.add_service("parley_pairing", "PAIRING")
     [challenge] = await eventually(
@@ -189,7 +209,8 @@ async def test_pairing_service_down_fails_closed_and_the_message_waits(flow: Flo
     assert "parley pairing approve discord" in challenge.text
     await eventually(lambda: inbound_settled(flow.bus), timeout=20, what="the held message acked")
     assert len(await replies_to(flow.bus, message)) == 1
-    assert flow.large_model_calls() == calls
+    await flow.idle()
+    assert flow.model_calls() == calls
     assert await health(runtime.grpc_port) == "SERVING"
     dead = await stream_messages(flow.bus, flow.bus.subjects.dead(flow.bus.subjects.stream("INBOUND")))
     assert dead == []

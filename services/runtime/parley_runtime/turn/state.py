@@ -115,6 +115,7 @@ class Turn:
     outcome: str | None = None  # set by the stage that decides it (deliver)
     abort: Abort = field(default_factory=Abort)  # a cancel or a newer message stops the turn
     stream: ReplyStream | None = None  # the first reply's text, published as it is generated
+    gated: bool = False  # the gate answered instead of the agent (a pairing challenge): no evaluators
 
     @property
     def id(self) -> uuid.UUID:

@@ -74,7 +74,10 @@ class AfterReply(Stage):
     async def after(self, turn: Turn) -> None:
         if self.embed_messages:
             await self._embed(turn)
-        if turn.agent.catalog.evaluators:
+        # No evaluator reflects on the words of a sender the gate did not admit (answered with a
+        # pairing challenge): they reach no text model. Their message is embedded like every stored
+        # one (the backfill would embed it otherwise).
+        if turn.agent.catalog.evaluators and not turn.gated:
             await self._evaluate(turn)
 
     async def _embed(self, turn: Turn) -> None:

@@ -26,6 +26,7 @@ class Gate(Stage):
         if reason is None:
             return None
         if turn.replies:  # the pairing challenge: said instead of a turn, no model call
+            turn.gated = True
             return Stop.answered()
         await self.store.finish_turn(
             turn.agent.id, turn.id, "ignored", lease_token=turn.lease_token, reason=reason
