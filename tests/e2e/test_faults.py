@@ -81,9 +81,8 @@ async def test_every_message_is_answered_once_through_the_fault(rig: Rig, fault:
     if during is not None:
         assert sorted(reported) == sorted(rig.processes)
         # Each service is SERVING again once its probe (every 2 s) gets a connection from its
-        # pool. A pool reconnects with psycopg_pool's backoff, which doubles from 1 s for as long
-        # as the outage lasted (attempts 31 s and 63 s after the first failure), so a service can be
-        # NOT_SERVING for a while after the last answer (CI saw one, once).
+        # pool, which can come after the last answer (CI saw one still NOT_SERVING, once, before
+        # the pools' reconnect_timeout was cut to 10 s: test_postgres_recovery).
         for name, process in rig.processes.items():
 
             async def serving(process: ServiceProcess = process) -> bool:

@@ -130,6 +130,13 @@ class _Grouped:
     future: asyncio.Future[Row | None]
 
 
+# psycopg_pool retries a lost connection with a delay that doubles from 1 s until
+# ``reconnect_timeout``. At its default (5 minutes) a pool could wait about as long again as an
+# outage had lasted before its next attempt; giving up after 10 s leaves the slot free, and the
+# next request for a connection (the host's probe, every 2 s) starts a fresh attempt at once.
+RECONNECT_TIMEOUT = 10.0
+
+
 class Database:
     def __init__(self, url: str, *, name: str = "parley", min_size: int = 2, max_size: int = 10) -> None:
         self.url = url
@@ -145,6 +152,7 @@ class Database:
             configure=self._configure,
             name=name,
             timeout=10,
+            reconnect_timeout=RECONNECT_TIMEOUT,
         )
 
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
