@@ -204,6 +204,7 @@ class Load:
         self.first_reply: dict[str, float] = {}
         self.replies: Counter[str] = Counter()
         self._read_to = 0
+        self._stopped = asyncio.Event()
 
     async def publish(self, seconds: float) -> None:
         started = time.monotonic()
@@ -262,11 +263,18 @@ class Load:
             await sub.unsubscribe()
 
     async def follow(self, interval: float = 0.25) -> None:
-        """Read replies as they come (a read that fails while NATS is away is tried again)."""
-        while True:
+        """Read replies as they come (a read that fails while NATS is away is tried again), until
+        ``stop_following``. Not by cancelling alone: nats-py's ``_flush_pending``, under every
+        write, swallows a cancellation that lands in it, and a full ``bench/faults.py`` run once
+        waited forever for this loop after its scenario had every reply."""
+        while not self._stopped.is_set():
             with contextlib.suppress(ParleyError, TimeoutError, nats.errors.Error):
                 await self.read_replies()
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopped.wait(), interval)
+
+    def stop_following(self) -> None:
+        self._stopped.set()
 
     def unanswered(self) -> int:
         return sum(1 for m in self.published if self.replies[m] == 0)
@@ -321,6 +329,7 @@ async def run_scenario(
     await recover()
     recovered = time.monotonic()
     await publishing
+    load.stop_following()
     reading.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await reading
