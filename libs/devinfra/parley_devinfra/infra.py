@@ -593,21 +593,22 @@ class EmbeddedPostgres:
         if pid is None:
             return
         pg_ctl = str(postgres_bin_dir() / "pg_ctl")
-        try:
+        with contextlib.suppress(InfraError):
             self._run(
                 [pg_ctl, "-D", str(self.data_dir), "-m", "fast", "-w", "-t", "60", "stop"], "pg_ctl stop", 70
             )
-        except InfraError:
-            if not _is_process(pid, "postgres"):
-                return
-            with contextlib.suppress(InfraError):
-                self._run(
-                    [pg_ctl, "-D", str(self.data_dir), "-m", "immediate", "-w", "stop"],
-                    "pg_ctl stop -m immediate",
-                    30,
-                )
-            if _is_process(pid, "postgres"):
-                _stop_pid(pid, 10.0)
+        # `pg_ctl -w` returns once postmaster.pid is gone, which the postmaster removes
+        # just before it exits: wait for the process itself.
+        if _poll(lambda: not _is_process(pid, "postgres"), 5.0):
+            return
+        with contextlib.suppress(InfraError):
+            self._run(
+                [pg_ctl, "-D", str(self.data_dir), "-m", "immediate", "-w", "stop"],
+                "pg_ctl stop -m immediate",
+                30,
+            )
+        if _is_process(pid, "postgres"):
+            _stop_pid(pid, 10.0)
 
 
 def _postgres_user_can_write(path: Path) -> bool:
