@@ -3,7 +3,7 @@
 Dashboards and alert rules are only as good as the names in their queries: a query about a metric
 no service exports draws an empty panel or never fires, and nothing complains. The names are
 collected from the code (every ``Counter``/``Gauge``/``Histogram``/``Summary`` call, and the
-platform's ``LoopCounter``/``LoopHistogram``/``GaugeFunctions``, whose name is a literal, read
+platform's ``LoopCounter``/``LoopGauge``/``LoopHistogram``/``GaugeFunctions``, whose name is a literal, read
 with ``ast``), and each metrics class found there is also instantiated with a fresh
 ``CollectorRegistry`` so that a metric the reading missed is noticed (tests/unit/test_deploy.py).
 """
@@ -26,8 +26,10 @@ METRIC_TYPES = {
     "Gauge": "gauge",
     "Histogram": "histogram",
     "Summary": "summary",
-    # parley_platform.metrics: the event loop's own counters and histograms, gauges read when scraped.
+    # parley_platform.metrics: the event loop's own counters, gauges and histograms, gauges read when
+    # scraped.
     "LoopCounter": "counter",
+    "LoopGauge": "gauge",
     "LoopHistogram": "histogram",
     "GaugeFunctions": "gauge",
 }

@@ -191,6 +191,62 @@ async def test_caller_deadline_bounds_the_handler(
     assert cancelled == ["a", "b"]
 
 
+async def test_each_request_is_bounded_by_its_own_deadline(
+    bus: Bus, service: str, serve: Callable[[Handler], Awaitable[RpcServer]]
+) -> None:
+    """Forty requests in flight on one server: the twenty with a short deadline are cancelled and
+    answered DEADLINE_EXCEEDED, the twenty with a long one run to the end and are answered."""
+    release = asyncio.Event()
+    cancelled: list[str] = []
+
+    async def held(request: GenerateRequest) -> GenerateResponse:
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            cancelled.append(request.prompt)
+            raise
+        return GenerateResponse(text=request.prompt)
+
+    await serve(held)
+    subject = bus.subjects.rpc(service, "Generate")
+
+    async def call(prompt: str, deadline: float) -> tuple[int, bytes]:
+        data = frames.request(
+            GenerateRequest(prompt=prompt).SerializeToString(), deadline=time.time() + deadline
+        )
+        reply = await bus.nc.request(subject, data, timeout=10)
+        return frames.parse_reply(reply.data)
+
+    short = [asyncio.create_task(call(f"short-{i}", 0.3)) for i in range(20)]
+    long = [asyncio.create_task(call(f"long-{i}", 8)) for i in range(20)]
+    started = time.monotonic()
+    for status, body in await asyncio.gather(*short):
+        assert status == frames.ERROR
+        assert common_pb2.Error.FromString(body).code == "DEADLINE_EXCEEDED"
+    assert time.monotonic() - started < 2
+    assert sorted(cancelled) == sorted(f"short-{i}" for i in range(20))
+    release.set()
+    answers = await asyncio.gather(*long)
+    assert {GenerateResponse.FromString(body).text for status, body in answers if status == frames.OK} == {
+        f"long-{i}" for i in range(20)
+    }
+    assert len(cancelled) == 20
+
+
+async def test_a_handlers_own_timeout_is_a_deadline_error(
+    bus: Bus, service: str, serve: Callable[[Handler], Awaitable[RpcServer]]
+) -> None:
+    async def times_out(request: GenerateRequest) -> GenerateResponse:
+        await asyncio.wait_for(asyncio.Event().wait(), 0.05)
+        raise AssertionError("unreachable")
+
+    await serve(times_out)
+    with pytest.raises(DeadlineExceeded):
+        await RpcClient(bus).call(
+            service, "Generate", GenerateRequest(prompt="a"), GenerateResponse, timeout=5
+        )
+
+
 async def test_expired_deadline_is_not_handled(
     bus: Bus, service: str, serve: Callable[[Handler], Awaitable[RpcServer]]
 ) -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from parley.v1 import model_pb2, runtime_pb2
-from parley_gateway.api import validate_generate
-from parley_gateway.provider import ProviderRequest
+from parley_gateway.api import to_call
+from parley_gateway.provider import ProviderRequest, Segment
 from parley_gateway.scripted import Rule, ScriptedProvider, load_rules
 from parley_platform.consumer import Poison
 from parley_platform.errors import InvalidArgument
@@ -136,6 +136,18 @@ def test_scripted_rule_files_are_validated(tmp_path: Path) -> None:
             "PROMPT_SEGMENTS_MISMATCH",
         ),
         (
+            model_pb2.GenerateRequest(
+                model_type=model_pb2.MODEL_TYPE_TEXT_SMALL, segments=[model_pb2.PromptSegment(content="a")]
+            ),
+            "PROMPT_SEGMENTS_MISMATCH",
+        ),
+        (
+            model_pb2.GenerateRequest(
+                model_type=model_pb2.MODEL_TYPE_TEXT_SMALL, prompt="x", stop_sequences=[""]
+            ),
+            "INVALID_STOP",
+        ),
+        (
             model_pb2.GenerateRequest(model_type=model_pb2.MODEL_TYPE_TEXT_SMALL, prompt="x", max_tokens=-1),
             "INVALID_MAX_TOKENS",
         ),
@@ -147,8 +159,43 @@ def test_scripted_rule_files_are_validated(tmp_path: Path) -> None:
 )
 def test_generate_requests_are_validated(request_: model_pb2.GenerateRequest, code: str) -> None:
     with pytest.raises(InvalidArgument) as failure:
-        validate_generate(request_)
+        to_call(request_, "generate")
     assert failure.value.code == code
+
+
+def test_a_valid_request_becomes_the_engines_call() -> None:
+    call = to_call(
+        model_pb2.GenerateRequest(
+            agent_id="a-1",
+            model_type=model_pb2.MODEL_TYPE_TEXT_LARGE,
+            prompt="ab",
+            segments=[
+                model_pb2.PromptSegment(content="a", stable=True),
+                model_pb2.PromptSegment(content="b"),
+            ],
+            system="be brief",
+            max_tokens=7,
+            stop_sequences=["\n\n"],
+            response_grammar="root ::= x",
+        ),
+        "stream",
+    )
+    assert (call.agent_id, call.kind) == ("a-1", "stream")
+    assert call.request == ProviderRequest(
+        model_type="TEXT_LARGE",
+        prompt="ab",
+        system="be brief",
+        segments=(Segment("a", True), Segment("b", False)),
+        temperature=None,
+        max_tokens=7,
+        stop=("\n\n",),
+        grammar="root ::= x",
+    )
+    zero = to_call(
+        model_pb2.GenerateRequest(model_type=model_pb2.MODEL_TYPE_TEXT_SMALL, prompt="x", temperature=0),
+        "generate",
+    )
+    assert zero.request.temperature == 0.0
 
 
 AGENT = AgentInfo(ids.agent_id("default"), Character(name="default"))

@@ -1,13 +1,13 @@
-"""The platform's loop-owned metrics (``LoopCounter``, ``LoopHistogram``, ``GaugeFunctions``): a
-scrape reads exactly what prometheus_client's own counters and histograms would show for the same
-updates, so dashboards and alerts cannot tell them apart."""
+"""The platform's loop-owned metrics (``LoopCounter``, ``LoopGauge``, ``LoopHistogram``,
+``GaugeFunctions``): a scrape reads exactly what prometheus_client's own counters, gauges and
+histograms would show for the same updates, so dashboards and alerts cannot tell them apart."""
 
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from parley_platform.metrics import LATENCY_BUCKETS, GaugeFunctions, LoopCounter, LoopHistogram
+from parley_platform.metrics import LATENCY_BUCKETS, GaugeFunctions, LoopCounter, LoopGauge, LoopHistogram
 
 
 def exposition(registry: CollectorRegistry) -> list[str]:
@@ -35,6 +35,18 @@ def test_counters_and_histograms_scrape_as_prometheus_clients_own() -> None:
     help_and_type = [line for line in generate_latest(ours).decode().splitlines() if line.startswith("#")]
     assert "# TYPE c_total counter" in help_and_type
     assert "# TYPE t_seconds histogram" in help_and_type
+
+
+def test_gauges_scrape_as_prometheus_clients_own() -> None:
+    theirs, ours = CollectorRegistry(), CollectorRegistry()
+    their_level = Gauge("g_inflight", "in flight", ["stream"], registry=theirs)
+    our_level = LoopGauge("g_inflight", "in flight", ["stream"], ours)
+    for stream, change in (("a", 1), ("a", 1), ("b", 3), ("a", -1), ("b", -3), ("c", 0.5)):
+        for level in (their_level, our_level):
+            child = level.labels(stream)
+            child.inc(change) if change > 0 else child.dec(-change)
+    assert exposition(ours) == exposition(theirs)
+    assert "# TYPE g_inflight gauge" in generate_latest(ours).decode()
 
 
 def test_a_child_is_found_once_and_needs_every_label() -> None:

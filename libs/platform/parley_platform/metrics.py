@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -49,31 +49,32 @@ class MessagingMetrics:
     """Metrics every consumer and RPC server records, after faststream's names."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.received = Counter(
-            "parley_received_messages_total", "Messages received by consumers", ["stream"], registry=registry
+        # Updated for every message and every request, by the event loop (see ``LoopCount``).
+        self.received = LoopCounter(
+            "parley_received_messages_total", "Messages received by consumers", ["stream"], registry
         )
-        self.processed = Histogram(
+        self.processed = LoopHistogram(
             "parley_processed_duration_seconds",
             "Time to handle one message",
             ["stream", "outcome"],
+            registry,
             buckets=LATENCY_BUCKETS,
-            registry=registry,
         )
-        self.dead = Counter(
+        self.dead = LoopCounter(
             "parley_dead_letters_total",
             "Messages sent to the dead-letter stream",
             ["stream", "reason"],
-            registry=registry,
+            registry,
         )
-        self.inflight = Gauge(
-            "parley_messages_inflight", "Messages being handled now", ["stream"], registry=registry
+        self.inflight = LoopGauge(
+            "parley_messages_inflight", "Messages being handled now", ["stream"], registry
         )
-        self.rpc = Histogram(
+        self.rpc = LoopHistogram(
             "parley_rpc_duration_seconds",
             "NATS RPC handling time",
             ["method", "outcome"],
+            registry,
             buckets=LATENCY_BUCKETS,
-            registry=registry,
         )
 
 
@@ -94,6 +95,15 @@ class LoopCount:
 
     def inc(self, amount: float = 1.0) -> None:
         self.value += amount
+
+
+class LoopLevel(LoopCount):
+    """One labelled gauge's value."""
+
+    __slots__ = ()
+
+    def dec(self, amount: float = 1.0) -> None:
+        self.value -= amount
 
 
 class LoopTiming:
@@ -145,6 +155,25 @@ class LoopCounter(_LoopFamily):
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for values, child in list(self._children.items()):
             assert isinstance(child, LoopCount)
+            family.add_metric(values, child.value)
+        yield family
+
+
+class LoopGauge(_LoopFamily):
+    """A labelled gauge for the event loop's hot paths (see ``LoopCount``)."""
+
+    def labels(self, *values: str) -> LoopLevel:
+        child = self._child(values, LoopLevel)
+        assert isinstance(child, LoopLevel)
+        return child
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for values, child in list(self._children.items()):
+            assert isinstance(child, LoopLevel)
             family.add_metric(values, child.value)
         yield family
 

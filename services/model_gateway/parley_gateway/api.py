@@ -49,48 +49,54 @@ def validate_agent(agent_id: str, *, required: bool) -> str:
     return agent_id
 
 
-def validate_generate(request: model_pb2.GenerateRequest) -> str:
-    """Checks a request; returns its model type name."""
-    validate_agent(request.agent_id, required=False)
+def to_call(request: model_pb2.GenerateRequest, kind: str) -> Call:
+    """The request checked and as the engine takes it. Each field is read from the message once: a
+    string field is decoded again on every read, and a prompt may be megabytes."""
+    agent_id = validate_agent(request.agent_id, required=False)
     model_type = MODEL_TYPES.get(request.model_type)
     if model_type is None:
         raise errors.UNKNOWN_MODEL_TYPE("model_type must be one of " + ", ".join(MODEL_TYPES.values()))
-    if not request.prompt and not request.segments:
+    prompt, segments = request.prompt, request.segments
+    if not prompt and not segments:
         raise errors.PROMPT_REQUIRED("prompt or segments is required")
-    if len(request.prompt) > MAX_PROMPT_CHARS:
+    if len(prompt) > MAX_PROMPT_CHARS:
         raise errors.PROMPT_TOO_LARGE(f"prompt is over {MAX_PROMPT_CHARS} characters")
-    if request.segments and request.prompt != "".join(s.content for s in request.segments):
-        raise errors.PROMPT_SEGMENTS_MISMATCH("prompt must equal the concatenation of the segments' content")
-    if request.max_tokens < 0:
+    parts: tuple[Segment, ...] = ()
+    if segments:
+        parts = tuple(Segment(s.content, s.stable) for s in segments)
+        if prompt != "".join(s.content for s in parts):
+            raise errors.PROMPT_SEGMENTS_MISMATCH(
+                "prompt must equal the concatenation of the segments' content"
+            )
+    max_tokens = request.max_tokens
+    if max_tokens < 0:
         raise errors.INVALID_MAX_TOKENS("max_tokens must be 0 (provider default) or more")
-    if request.HasField("temperature") and not 0 <= request.temperature <= 2:
+    temperature = request.temperature if request.HasField("temperature") else None
+    if temperature is not None and not 0 <= temperature <= 2:
         raise errors.INVALID_TEMPERATURE("temperature must be from 0 to 2")
-    if len(request.system) > MAX_PROMPT_CHARS:
+    system = request.system
+    if len(system) > MAX_PROMPT_CHARS:
         raise errors.PROMPT_TOO_LARGE(f"system is over {MAX_PROMPT_CHARS} characters")
-    if len(request.stop_sequences) > 16 or any(not s or len(s) > 256 for s in request.stop_sequences):
+    stop = tuple(request.stop_sequences)
+    if len(stop) > 16 or any(not s or len(s) > 256 for s in stop):
         raise errors.INVALID_STOP(
             "stop_sequences must be at most 16 non-empty strings of up to 256 characters"
         )
-    if len(request.response_grammar) > 64 * 1024:
+    grammar = request.response_grammar
+    if len(grammar) > 64 * 1024:
         raise errors.INVALID_GRAMMAR("response_grammar is over 65536 characters")
-    return model_type
-
-
-def to_call(request: model_pb2.GenerateRequest, kind: str) -> Call:
-    model_type = validate_generate(request)
-    prompt = request.prompt or "".join(s.content for s in request.segments)
     return Call(
-        agent_id=request.agent_id,
+        agent_id=agent_id,
         kind=kind,
         request=ProviderRequest(
             model_type=model_type,
             prompt=prompt,
-            system=request.system,
-            segments=tuple(Segment(s.content, s.stable) for s in request.segments),
-            temperature=request.temperature if request.HasField("temperature") else None,
-            max_tokens=request.max_tokens,
-            stop=tuple(request.stop_sequences),
-            grammar=request.response_grammar,
+            system=system,
+            segments=parts,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            stop=stop,
+            grammar=grammar,
         ),
     )
 

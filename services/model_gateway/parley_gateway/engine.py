@@ -236,7 +236,7 @@ class Budgets:
             await self.store.release(hold.agent_id, hold.tokens)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Call:
     """One generation as the engine sees it: who asks, for what, on which path."""
 
@@ -245,7 +245,7 @@ class Call:
     kind: str = "generate"  # generate, stream, batch
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Result:
     completion: Completion
     provider: str

@@ -23,7 +23,11 @@ class Segment:
     stable: bool
 
 
-@dataclass(frozen=True)
+# The values built for every call (the request, its completion; the engine's ``Call`` and ``Result``)
+# are slotted dataclasses, not frozen ones, and never changed once built: a frozen dataclass's
+# ``__init__`` sets each field through ``object.__setattr__``, three times the cost, and the
+# gateway builds five of them a call (docs/performance.md, eleventh round).
+@dataclass(slots=True)
 class ProviderRequest:
     model_type: str
     prompt: str
@@ -65,7 +69,7 @@ class ProviderRequest:
         return "".join(s.content for s in self.ordered_segments())
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Completion:
     text: str
     input_tokens: int = 0
