@@ -38,7 +38,7 @@ class FrameError(ValueError):
     """The bytes are not in this envelope."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per request, and a frozen __init__ costs three times as much
 class Request:
     deadline: float | None  # epoch seconds
     stream_id: str
