@@ -140,42 +140,42 @@ class _LoopFamily(Collector):
         return child
 
 
-class LoopCounter(_LoopFamily):
-    """A labelled counter for the event loop's hot paths (see ``LoopCount``); look children up once."""
+class _LoopValues(_LoopFamily):
+    """A labelled family of single values (``LoopCount`` children), scraped as ``kind``."""
 
-    def labels(self, *values: str) -> LoopCount:
-        child = self._child(values, LoopCount)
-        assert isinstance(child, LoopCount)
-        return child
+    kind: type[CounterMetricFamily] | type[GaugeMetricFamily]
 
     def describe(self) -> Iterator[Metric]:
-        yield CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        yield self.kind(self.name, self.documentation, labels=self.labelnames)
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        family = self.kind(self.name, self.documentation, labels=self.labelnames)
         for values, child in list(self._children.items()):
             assert isinstance(child, LoopCount)
             family.add_metric(values, child.value)
         yield family
 
 
-class LoopGauge(_LoopFamily):
+class LoopCounter(_LoopValues):
+    """A labelled counter for the event loop's hot paths (see ``LoopCount``); look children up once."""
+
+    kind = CounterMetricFamily
+
+    def labels(self, *values: str) -> LoopCount:
+        child = self._child(values, LoopCount)
+        assert isinstance(child, LoopCount)
+        return child
+
+
+class LoopGauge(_LoopValues):
     """A labelled gauge for the event loop's hot paths (see ``LoopCount``)."""
+
+    kind = GaugeMetricFamily
 
     def labels(self, *values: str) -> LoopLevel:
         child = self._child(values, LoopLevel)
         assert isinstance(child, LoopLevel)
         return child
-
-    def describe(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
-
-    def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for values, child in list(self._children.items()):
-            assert isinstance(child, LoopLevel)
-            family.add_metric(values, child.value)
-        yield family
 
 
 class LoopHistogram(_LoopFamily):
