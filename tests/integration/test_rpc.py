@@ -233,6 +233,40 @@ async def test_each_request_is_bounded_by_its_own_deadline(
     assert len(cancelled) == 20
 
 
+async def test_a_handler_that_outlives_its_deadline_on_its_own_terms_is_answered_as_it_says(
+    bus: Bus, service: str, serve: Callable[[Handler], Awaitable[RpcServer]]
+) -> None:
+    """Cancelled at the deadline, a handler may still answer, or fail with an error of its own:
+    the caller gets that, as under ``asyncio.timeout``, and the server keeps nothing of it."""
+
+    async def stubborn(request: GenerateRequest) -> GenerateResponse:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if request.prompt == "answer":
+                return GenerateResponse(text="late but here")
+            raise NotFound("gone while waiting", code="GONE") from None
+        raise AssertionError("unreachable")
+
+    server = await serve(stubborn)
+    subject = bus.subjects.rpc(service, "Generate")
+
+    async def call(prompt: str) -> tuple[int, bytes]:
+        # The deadline in the envelope; the caller itself waits longer, to see what comes.
+        data = frames.request(GenerateRequest(prompt=prompt).SerializeToString(), deadline=time.time() + 0.2)
+        return frames.parse_reply((await bus.nc.request(subject, data, timeout=5)).data)
+
+    status, body = await call("answer")
+    assert status == frames.OK
+    assert GenerateResponse.FromString(body).text == "late but here"
+    status, body = await call("fail")
+    assert status == frames.ERROR
+    assert common_pb2.Error.FromString(body).code == "GONE"
+    # White-box: no task is left registered or marked as expired.
+    assert not server._deadlines._due
+    assert not server._deadlines._expired
+
+
 async def test_a_handlers_own_timeout_is_a_deadline_error(
     bus: Bus, service: str, serve: Callable[[Handler], Awaitable[RpcServer]]
 ) -> None:

@@ -163,8 +163,11 @@ class RpcServer:
                     if self._deadlines.remove(task) and task.uncancel() == 0:
                         raise codes.DEADLINE_EXCEEDED(f"{method}: caller's deadline exceeded") from None
                     raise
-                if self._deadlines.remove(task):
-                    task.uncancel()  # the deadline passed as the handler returned: its answer stands
+                finally:
+                    # However else the handler ended (an answer, an error of its own after the
+                    # cancellation), a cancellation of ours that it did not let through is taken back.
+                    if self._deadlines.remove(task):
+                        task.uncancel()
             await self._reply(msg, frames.reply(frames.OK, response.SerializeToString()))
         except ParleyError as exc:
             outcome = exc.code
