@@ -7,12 +7,13 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import nats.errors
 import pytest
 
 from parley_devinfra.infra import free_port
-from parley_platform.bus import Bus, ConsumerSpec, StreamSpec
+from parley_platform.bus import Bus, ConsumerSpec, Inbox, StreamSpec
 from parley_platform.errors import ParleyError, Unavailable
 from support import SessionEnv
 
@@ -157,3 +158,76 @@ async def test_close_is_idempotent_and_publishing_after_close_is_unavailable(tes
     await own.close()
     with pytest.raises(Unavailable):
         await own.publish_core(f"{test_env.namespace}.closed", b"x")
+
+
+async def test_an_inbox_routes_each_reply_to_its_own_request(bus: Bus) -> None:
+    """200 requests in flight on one inbox, answered in the reverse order: each gets its own."""
+    subject = f"{bus.subjects.ns}.inboxtest.{uuid.uuid4().hex}"
+    held: list[Any] = []
+    all_in = asyncio.Event()
+
+    async def answer_backwards(msg: Any) -> None:
+        held.append(msg)
+        if len(held) == 200:
+            all_in.set()
+
+    sub = await bus.nc.subscribe(subject, cb=answer_backwards)
+    inbox = Inbox(bus)
+    await inbox.start()
+    try:
+        futures = [await inbox.request(subject, str(i).encode()) for i in range(200)]
+        await asyncio.wait_for(all_in.wait(), 10)
+        for msg in reversed(held):
+            await msg.respond(b"re:" + msg.data)
+        replies = await asyncio.wait_for(asyncio.gather(*futures), 10)
+        assert [r.data for r in replies] == [f"re:{i}".encode() for i in range(200)]
+        assert len(inbox) == 0
+    finally:
+        await sub.unsubscribe()
+        await inbox.close()
+
+
+async def test_an_inbox_request_nobody_serves_fails_as_no_responders(bus: Bus) -> None:
+    inbox = Inbox(bus)
+    await inbox.start()
+    try:
+        future = await inbox.request(f"{bus.subjects.ns}.inboxtest.nobody.{uuid.uuid4().hex}", b"x")
+        with pytest.raises(ParleyError) as raised:
+            await asyncio.wait_for(future, 10)
+        assert raised.value.code == "NO_RESPONDERS"
+        assert len(inbox) == 0
+    finally:
+        await inbox.close()
+
+
+async def test_an_inbox_drops_a_reply_its_caller_gave_up_on_and_fails_those_left_at_close(bus: Bus) -> None:
+    subject = f"{bus.subjects.ns}.inboxtest.{uuid.uuid4().hex}"
+    received: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def hold(msg: Any) -> None:
+        await received.put(msg)
+
+    sub = await bus.nc.subscribe(subject, cb=hold)
+    inbox = Inbox(bus)
+    await inbox.start()
+    try:
+        given_up = await inbox.request(subject, b"late")
+        waiting = await inbox.request(subject, b"never answered")
+        late = await asyncio.wait_for(received.get(), 10)
+        await asyncio.wait_for(received.get(), 10)  # the one never answered
+        given_up.cancel()
+        await asyncio.sleep(0)  # a future's done callbacks run on the loop's next turn
+        assert len(inbox) == 1
+        await late.respond(b"too late")
+        # Replies come to the inbox in order: once a later one is in, the late one was handled.
+        probe = await inbox.request(subject, b"probe")
+        await (await asyncio.wait_for(received.get(), 10)).respond(b"probe answered")
+        assert (await asyncio.wait_for(probe, 10)).data == b"probe answered"
+        assert not waiting.done()  # the late reply went to nobody, not to another request
+        assert len(inbox) == 1
+    finally:
+        await sub.unsubscribe()
+        await inbox.close()
+    with pytest.raises(Unavailable):
+        await waiting
+    assert len(inbox) == 0

@@ -41,6 +41,8 @@ from .permissions import inbox_prefix
 log = get_logger(__name__)
 
 MSG_ID = "Nats-Msg-Id"
+# The status of the message the server sends to a request's reply subject when nobody serves it.
+NO_RESPONDERS_STATUS = "503"
 REPLICAS_ENV = "PARLEY_STREAM_REPLICAS"
 MAX_REPLICAS = 5  # JetStream's own limit
 _PERMISSION_VIOLATION = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
@@ -444,6 +446,69 @@ class Bus:
             await asyncio.wait_for(self.nc.drain(), timeout)
         except (TimeoutError, nats.errors.Error):
             await self.nc.close()
+
+
+class Inbox:
+    """Requests whose replies come to one wildcard subscription of the connection's inbox, each
+    caller holding its reply's future and bounding its own wait.
+
+    nats-py's ``request`` arms ``asyncio.wait_for`` (a timer, made and cancelled) and draws random
+    bytes from the OS for every call. A caller that already watches the deadlines of many requests
+    at once (the scheduler's dispatches, bounded by their leases) need not pay for either: here a
+    request is a publish and a dict entry. A request nobody serves fails with ``NO_RESPONDERS``, as
+    ``RpcClient.call`` does; a reply that comes after its caller gave up is dropped."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self._prefix = ""
+        self._waiting: dict[str, asyncio.Future[Any]] = {}
+        self._next = 0
+        self._sub: Any = None
+
+    def __len__(self) -> int:
+        """Requests still waiting for their reply."""
+        return len(self._waiting)
+
+    async def start(self) -> None:
+        self._prefix = self.bus.nc.new_inbox() + "."
+        self._sub = await self.bus.subscribe(self._prefix + "*", self._on_reply)
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self._sub.unsubscribe()
+            self._sub = None
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(codes.NATS_UNAVAILABLE("the inbox closed before the reply came"))
+        self._waiting.clear()
+
+    async def request(
+        self, subject: str, payload: bytes, *, headers: dict[str, str] | None = None
+    ) -> asyncio.Future[Any]:
+        """Publish the request; the future of its reply (a nats ``Msg``). Cancel the future, or set
+        its exception, to give up on it."""
+        assert self._sub is not None, "start the inbox first"
+        self._next += 1
+        token = str(self._next)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting[token] = future
+        future.add_done_callback(lambda _: self._waiting.pop(token, None))
+        try:
+            await self.bus.nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
+        except nats.errors.Error as exc:
+            future.cancel()
+            raise _translate(exc, f"request {subject}") from exc
+        return future
+
+    async def _on_reply(self, msg: Any) -> None:
+        future = self._waiting.pop(msg.subject[len(self._prefix) :], None)
+        if future is None or future.done():
+            return
+        if msg.headers and msg.headers.get("Status") == NO_RESPONDERS_STATUS:
+            future.set_exception(codes.NO_RESPONDERS("nobody serves the request's subject"))
+        else:
+            future.set_result(msg)
 
 
 def _redact_url(url: str) -> str:

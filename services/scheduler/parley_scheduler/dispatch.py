@@ -26,7 +26,8 @@ from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
 
 from parley.v1 import common_pb2, scheduler_pb2
-from parley_platform.bus import Bus
+from parley_platform import codes
+from parley_platform.bus import Bus, Inbox
 from parley_platform.convert import datetime_of, timestamp
 from parley_platform.errors import ParleyError
 from parley_platform.logging import get_logger
@@ -57,12 +58,23 @@ FINISH_RUN_BACKOFF = Backoff(base=0.01, cap=0.32)
 Decision = Callable[[domain.TaskState], domain.Completion]
 
 
+# How often the runs in flight are looked at for a silent worker or a run past its time.
+WATCH_SECONDS = 0.05
+
+
 @dataclass
 class Inflight:
     task_id: str
     token: int
-    deadline: float  # monotonic: the worker must be heard of before this
+    deadline: float  # loop time: the worker must be heard of before this (a heartbeat moves it)
+    gives_up_at: float  # loop time: the run's own timeout and the margin for its reply
     lost: bool = False
+    reply: asyncio.Future[Msg] | None = None
+
+    def fail(self, reason: str) -> None:
+        """Stop waiting for the worker's reply: its fate is unknown."""
+        if self.reply is not None and not self.reply.done():
+            self.reply.set_exception(WorkerSilent(reason))
 
 
 class WorkerSilent(Exception):
@@ -88,6 +100,8 @@ class Dispatcher:
         self.wake = wake  # a lease given up: the claim loop should look again
         self.completer = Completer(store)
         self.inflight: dict[int, Inflight] = {}  # by lease token: runs of one task may overlap
+        self.inbox = Inbox(bus)
+        self._watching: asyncio.TimerHandle | None = None
         self.heartbeat_subject = f"{bus.subjects.ns}.scheduler.heartbeat.{secrets.token_hex(8)}"
         self.extending: set[asyncio.Task[None]] = set()
         self.started = time.monotonic()
@@ -96,6 +110,7 @@ class Dispatcher:
     async def start(self) -> None:
         self.started = time.monotonic()
         self.completer.start()
+        await self.inbox.start()
         self._heartbeat_sub = await self.bus.subscribe(self.heartbeat_subject, self._on_heartbeat)
 
     async def release_abandoned(self, abandoned: list[Inflight]) -> None:
@@ -111,6 +126,9 @@ class Dispatcher:
 
     async def close(self) -> None:
         await self.completer.close(timeout=5)
+        await self.inbox.close()
+        if self._watching is not None:
+            self._watching.cancel()
         if self._heartbeat_sub is not None:
             with contextlib.suppress(nats.errors.Error):
                 await self._heartbeat_sub.unsubscribe()
@@ -203,17 +221,24 @@ class Dispatcher:
             lease_ms=float(cfg.lease_ms),
         )
         key = claimed.token
-        entry = Inflight(str(claimed.id), claimed.token, time.monotonic() + cfg.lease_ms / 1000)
+        now = asyncio.get_running_loop().time()
+        entry = Inflight(
+            str(claimed.id),
+            claimed.token,
+            deadline=now + cfg.lease_ms / 1000,
+            gives_up_at=now + timeout_ms / 1000 + REPLY_MARGIN_SECONDS,
+        )
         self.inflight[key] = entry
         sent = time.perf_counter()
         try:
-            reply = await self._request(
-                run_subject(self.bus.subjects, state.name),
-                request.SerializeToString(),
-                entry,
-                timeout_ms / 1000 + REPLY_MARGIN_SECONDS,
+            entry.reply = await self.inbox.request(
+                run_subject(self.bus.subjects, state.name), request.SerializeToString()
             )
-        except nats.errors.NoRespondersError:
+            self._watch()
+            reply = await entry.reply
+        except ParleyError as exc:
+            if not codes.NO_RESPONDERS.matches(exc):
+                return None, await self._uncertain(claimed, entry, exc, report)
             in_grace = time.monotonic() - self.started < cfg.no_worker_grace
             decide: Decision = functools.partial(
                 rules.on_no_worker, in_grace=in_grace, retry_ms=cfg.no_worker_retry_ms
@@ -221,7 +246,7 @@ class Dispatcher:
             if not in_grace:
                 log.warning("no worker serves task", task_id=str(claimed.id), worker=state.name)
             return decide, replace(report, error=decide(state).last_error or "")
-        except (WorkerSilent, nats.errors.TimeoutError, nats.errors.Error) as exc:
+        except WorkerSilent as exc:
             return None, await self._uncertain(claimed, entry, exc, report)
         finally:
             self.inflight.pop(key, None)
@@ -229,21 +254,22 @@ class Dispatcher:
         decide, error = self._outcome(claimed, reply)
         return decide, replace(report, error=error)
 
-    async def _request(self, subject: str, payload: bytes, entry: Inflight, timeout: float) -> Msg:
-        request = asyncio.ensure_future(self.bus.nc.request(subject, payload, timeout=timeout))
-        try:
-            while True:
-                remaining = entry.deadline - time.monotonic()
-                if entry.lost or remaining <= 0:
-                    raise WorkerSilent(
-                        "lease lost" if entry.lost else "no reply or heartbeat within the lease"
-                    )
-                done, _ = await asyncio.wait({request}, timeout=remaining)
-                if done:
-                    return request.result()
-        finally:
-            if not request.done():
-                request.cancel()
+    def _watch(self) -> None:
+        """Look at the runs in flight every ``WATCH_SECONDS`` while there are any: one timer for
+        them all, not one per run (see ``parley_platform.bus.Inbox``)."""
+        if self._watching is None:
+            self._watching = asyncio.get_running_loop().call_later(WATCH_SECONDS, self._check_inflight)
+
+    def _check_inflight(self) -> None:
+        now = asyncio.get_running_loop().time()
+        for entry in self.inflight.values():
+            if entry.deadline <= now:
+                entry.fail("no reply or heartbeat within the lease")
+            elif entry.gives_up_at <= now:
+                entry.fail("no reply within the run's timeout")
+        self._watching = None
+        if self.inflight:
+            self._watch()
 
     def _outcome(self, claimed: Claimed, reply: Msg) -> tuple[Decision, str]:
         """What the worker's reply decides, and the error it reported ("" for a success)."""
@@ -281,7 +307,7 @@ class Dispatcher:
         cause = (
             "the worker went silent"
             if isinstance(exc, WorkerSilent)
-            else f"dispatch failed ({type(exc).__name__})"
+            else f"dispatch failed ({exc.code if isinstance(exc, ParleyError) else type(exc).__name__})"
         )
         reason = f"attempt {claimed.attempt} uncertain: {cause}"
         try:
@@ -354,7 +380,7 @@ class Dispatcher:
         if entry is None or entry.task_id != beat.task_id or entry.lost:
             await self._answer(msg, scheduler_pb2.TaskHeartbeatResponse(held=False))
             return
-        entry.deadline = time.monotonic() + self.config.lease_ms / 1000
+        entry.deadline = asyncio.get_running_loop().time() + self.config.lease_ms / 1000
         task = asyncio.create_task(self._extend(msg, beat, entry))
         self.extending.add(task)
         task.add_done_callback(self.extending.discard)
@@ -370,6 +396,7 @@ class Dispatcher:
             return
         if expires is None:
             entry.lost = True
+            entry.fail("lease lost")
             self.metrics.conflicts.inc()
             await self._answer(msg, scheduler_pb2.TaskHeartbeatResponse(held=False))
             return
