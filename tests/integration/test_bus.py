@@ -231,3 +231,15 @@ async def test_an_inbox_drops_a_reply_its_caller_gave_up_on_and_fails_those_left
     with pytest.raises(Unavailable):
         await waiting
     assert len(inbox) == 0
+
+
+async def test_an_inbox_request_that_cannot_be_sent_fails_as_unavailable_and_leaves_nothing(
+    test_env: SessionEnv,
+) -> None:
+    own = await Bus.connect(test_env.nats_url, name="inbox-closing", namespace=test_env.namespace)
+    inbox = Inbox(own)
+    await inbox.start()
+    await own.nc.close()
+    with pytest.raises(Unavailable):
+        await inbox.request(f"{test_env.namespace}.inboxtest.closed", b"x")
+    assert len(inbox) == 0

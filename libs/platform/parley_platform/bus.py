@@ -496,9 +496,12 @@ class Inbox:
         future.add_done_callback(lambda _: self._waiting.pop(token, None))
         try:
             await self.bus.nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
-        except nats.errors.Error as exc:
+        except BaseException as exc:  # not sent (or the caller cancelled): nothing is left waiting
+            del self._waiting[token]
             future.cancel()
-            raise _translate(exc, f"request {subject}") from exc
+            if isinstance(exc, nats.errors.Error):
+                raise _translate(exc, f"request {subject}") from exc
+            raise
         return future
 
     async def _on_reply(self, msg: Any) -> None:
