@@ -22,6 +22,16 @@ def timestamp(value: datetime | None) -> Timestamp | None:
     return Timestamp(seconds=math.floor(value.timestamp()), nanos=value.microsecond * 1000)
 
 
+def set_timestamp(stamp: Timestamp, value: datetime | None) -> None:
+    """Sets a message's Timestamp field to an aware datetime; None leaves it unset.
+
+    Half the cost of passing ``timestamp(value)`` to the message's constructor, which builds a
+    Timestamp and then copies it into the message (2.3 against 5.3 µs for five fields)."""
+    if value is not None:
+        stamp.seconds = math.floor(value.timestamp())
+        stamp.nanos = value.microsecond * 1000
+
+
 def set_now(stamp: Timestamp) -> Timestamp:
     """Sets a Timestamp to now and returns it. ``Timestamp.GetCurrentTime`` goes through a datetime
     and time tuples: about 2 µs, called several times in every turn; this is two assignments."""

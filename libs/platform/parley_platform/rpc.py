@@ -22,6 +22,7 @@ from parley.v1 import common_pb2
 
 from . import codes, frames
 from .bus import Bus, translate_nats_error
+from .deadlines import DeadlinePassed, Deadlines
 from .errors import ParleyError
 from .logging import get_logger
 from .metrics import MessagingMetrics
@@ -30,49 +31,9 @@ from .rpcstream import IDLE_SECONDS, StreamHandler, call_stream, serve_stream
 
 log = get_logger(__name__)
 
-# How often the server looks for handlers whose caller's deadline passed (see ``_Deadlines``).
-DEADLINE_TICK_SECONDS = 0.02
-
 Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp", bound=Message)
 RpcHandler = Callable[[Any], Awaitable[Message]]
-
-
-class _Deadlines:
-    """Cancels the handlers whose caller's deadline passed, looking every ``DEADLINE_TICK_SECONDS``
-    while any is registered, so a handler is cancelled at most one tick after its deadline.
-
-    Not a timer per request: under uvloop ``asyncio.timeout`` cost about 6 µs a request (most of
-    it the loop's timer, made and cancelled), a tenth of the RPC envelope's whole handling
-    (docs/performance.md); registering here is a dict entry."""
-
-    def __init__(self) -> None:
-        self._due: dict[asyncio.Task[Any], float] = {}
-        self._expired: set[asyncio.Task[Any]] = set()
-        self._timer: asyncio.TimerHandle | None = None
-
-    def add(self, task: asyncio.Task[Any], remaining: float) -> None:
-        loop = task.get_loop()
-        self._due[task] = loop.time() + remaining
-        if self._timer is None:
-            self._timer = loop.call_later(DEADLINE_TICK_SECONDS, self._check, loop)
-
-    def remove(self, task: asyncio.Task[Any]) -> bool:
-        """Forget the task; whether its deadline passed (its cancellation was this class's)."""
-        self._due.pop(task, None)
-        if task in self._expired:
-            self._expired.discard(task)
-            return True
-        return False
-
-    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
-        now = loop.time()
-        for task, due in list(self._due.items()):
-            if due <= now:
-                del self._due[task]
-                self._expired.add(task)
-                task.cancel()
-        self._timer = loop.call_later(DEADLINE_TICK_SECONDS, self._check, loop) if self._due else None
 
 
 class RpcServer:
@@ -94,7 +55,8 @@ class RpcServer:
         self._subs: list[Any] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(max_concurrency)
-        self._deadlines = _Deadlines()
+        # The callers' deadlines, checked by one timer (``Deadlines``: not one per request).
+        self._deadlines = Deadlines()
         # The histogram's child per (method, outcome), found once: ``labels`` locks and hashes.
         self._observers: dict[tuple[str, str], Any] = {}
 
@@ -153,21 +115,10 @@ class RpcServer:
                 remaining = deadline - time.time()
                 if remaining <= 0:
                     raise codes.DEADLINE_EXCEEDED(f"{method}: deadline passed before handling")
-                task = asyncio.current_task()
-                assert task is not None
-                self._deadlines.add(task, remaining)
                 try:
-                    response = await handler(request)
-                except asyncio.CancelledError:
-                    # Ours (the deadline), unless the task was also cancelled from elsewhere.
-                    if self._deadlines.remove(task) and task.uncancel() == 0:
-                        raise codes.DEADLINE_EXCEEDED(f"{method}: caller's deadline exceeded") from None
-                    raise
-                finally:
-                    # However else the handler ended (an answer, an error of its own after the
-                    # cancellation), a cancellation of ours that it did not let through is taken back.
-                    if self._deadlines.remove(task):
-                        task.uncancel()
+                    response = await self._deadlines.within(remaining, handler(request))
+                except DeadlinePassed:
+                    raise codes.DEADLINE_EXCEEDED(f"{method}: caller's deadline exceeded") from None
             await self._reply(msg, frames.reply(frames.OK, response.SerializeToString()))
         except ParleyError as exc:
             outcome = exc.code

@@ -53,6 +53,7 @@ from parley.v1.scheduler_nats import SchedulerClient
 from . import codes
 from .bus import Bus, Subjects
 from .convert import datetime_of
+from .deadlines import Deadlines
 from .errors import ParleyError
 from .logging import get_logger
 from .metrics import LATENCY_BUCKETS
@@ -225,6 +226,8 @@ class WorkerHost:
         self.metrics = WorkerMetrics(registry) if registry is not None else None
         self.announce_timeout = announce_timeout
         self._slots = asyncio.Semaphore(concurrency)
+        # The runs' deadlines, checked by one timer (``Deadlines``: not one per run).
+        self._deadlines = Deadlines()
         self._subs: list[Any] = []
         self._runs: set[asyncio.Task[None]] = set()
 
@@ -350,8 +353,7 @@ class WorkerHost:
         remaining = (lease.deadline - datetime.now(UTC)).total_seconds()
         if remaining <= 0:
             raise TimeoutError
-        async with asyncio.timeout(remaining):
-            return await handler(task, lease)
+        return await self._deadlines.within(remaining, handler(task, lease))
 
     async def _heartbeat(
         self, request: scheduler_pb2.RunTaskRequest, lease: Lease, run: asyncio.Task[Any]

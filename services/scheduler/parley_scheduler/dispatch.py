@@ -215,11 +215,10 @@ class Dispatcher:
         timeout_ms = state.schedule.timeout_ms or cfg.timeout_ms
         deadline = claimed.db_now + timedelta(milliseconds=timeout_ms)
         request = scheduler_pb2.RunTaskRequest(
-            task=task_to_proto(claimed.task),
-            lease=lease_to_proto(claimed.lease, claimed.attempt, deadline),
-            heartbeat_subject=self.heartbeat_subject,
-            lease_ms=float(cfg.lease_ms),
+            heartbeat_subject=self.heartbeat_subject, lease_ms=float(cfg.lease_ms)
         )
+        task_to_proto(claimed.task, out=request.task)
+        lease_to_proto(claimed.lease, claimed.attempt, deadline, out=request.lease)
         key = claimed.token
         now = asyncio.get_running_loop().time()
         entry = Inflight(
