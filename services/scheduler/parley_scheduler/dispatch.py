@@ -147,10 +147,8 @@ class Dispatcher:
             raise
         except Exception:
             log.exception("run failed unexpectedly", task_id=str(claimed.id), worker=report.name)
-            report = replace(
-                report,
-                outcome=domain.Outcome.UNCERTAIN,
-                error="the scheduler failed while running the task; its lease will expire",
+            report.ended(
+                domain.Outcome.UNCERTAIN, "the scheduler failed while running the task; its lease will expire"
             )
         finally:
             self.metrics.executed.labels(report.name, report.outcome.value).inc()
@@ -167,7 +165,7 @@ class Dispatcher:
             error = "the next slot could not be set; the run was not dispatched"
             with contextlib.suppress(ParleyError):
                 await self.store.release_lease(claimed.id, claimed.token, error)
-            return replace(report, outcome=domain.Outcome.UNCERTAIN, error=error)
+            return report.ended(domain.Outcome.UNCERTAIN, error)
         if rules.is_overdue(state, claimed.db_now):
             self.metrics.overdue.labels(state.name).inc()
             log.warning(
@@ -184,7 +182,8 @@ class Dispatcher:
         decide, report = await self._dispatch(claimed, report)
         answered()
         if decide is None:
-            return replace(report, duration_ms=(time.perf_counter() - started) * 1000)
+            report.duration_ms = (time.perf_counter() - started) * 1000
+            return report
         return await self._finish(claimed, decide, report, started)
 
     async def _advance(self, claimed: Claimed) -> bool:
@@ -244,14 +243,16 @@ class Dispatcher:
             )
             if not in_grace:
                 log.warning("no worker serves task", task_id=str(claimed.id), worker=state.name)
-            return decide, replace(report, error=decide(state).last_error or "")
+            report.error = decide(state).last_error or ""
+            return decide, report
         except WorkerSilent as exc:
             return None, await self._uncertain(claimed, entry, exc, report)
         finally:
             self.inflight.pop(key, None)
             self.metrics.duration.labels(state.name).observe(time.perf_counter() - sent)
         decide, error = self._outcome(claimed, reply)
-        return decide, replace(report, error=error)
+        report.error = error
+        return decide, report
 
     def _watch(self) -> None:
         """Look at the runs in flight every ``WATCH_SECONDS`` while there are any: one timer for
@@ -302,7 +303,7 @@ class Dispatcher:
         """The worker never answered: give the lease up so the slot runs again as the next attempt."""
         if entry.lost:
             self.metrics.conflicts.inc()
-            return replace(report, outcome=domain.Outcome.LOST, error="the lease was lost while the task ran")
+            return report.ended(domain.Outcome.LOST, "the lease was lost while the task ran")
         cause = (
             "the worker went silent"
             if isinstance(exc, WorkerSilent)
@@ -315,7 +316,7 @@ class Dispatcher:
             log.warning("lease not released, it will expire", task_id=str(claimed.id), error=str(db_exc))
         log.warning("run uncertain", task_id=str(claimed.id), worker=claimed.state.name, reason=reason)
         self.wake()
-        return replace(report, outcome=domain.Outcome.UNCERTAIN, error=reason)
+        return report.ended(domain.Outcome.UNCERTAIN, reason)
 
     async def _finish(
         self, claimed: Claimed, decide: Decision, report: domain.RunReport, started: float
@@ -326,14 +327,14 @@ class Dispatcher:
         else:
             completion = decide(claimed.state)
             applied, deleted = await self.completer.complete(claimed, completion)
-        report = replace(report, duration_ms=(time.perf_counter() - started) * 1000, deleted=deleted)
+        report.duration_ms = (time.perf_counter() - started) * 1000
+        report.deleted = deleted
         if not applied:
             self.metrics.conflicts.inc()
             log.warning("completion rejected, lease lost", task_id=str(report.task_id), worker=report.name)
-            return replace(
-                report,
-                outcome=domain.Outcome.LOST,
-                error="the lease was lost before the run completed; its outcome was not recorded",
+            return report.ended(
+                domain.Outcome.LOST,
+                "the lease was lost before the run completed; its outcome was not recorded",
             )
         if completion.status is domain.Status.PAUSED and completion.pause_reason is not None:
             self.metrics.paused.labels(completion.pause_reason.value).inc()
@@ -344,7 +345,8 @@ class Dispatcher:
                 reason=completion.pause_reason.value,
                 failures=completion.failure_count,
             )
-        return replace(report, outcome=completion.outcome)
+        report.outcome = completion.outcome
+        return report
 
     async def _finish_run(self, claimed: Claimed, decide: Decision) -> tuple[bool, domain.Completion]:
         """Complete one run of a non-blocking task: a compare-and-set on the task as the outcome was
