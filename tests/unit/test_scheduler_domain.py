@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -236,14 +237,12 @@ def test_failures_double_the_interval_and_pause_at_the_default_limit() -> None:
         intervals.append(done.update_interval_ms)
         assert done.failure_count == run
         assert done.last_error == "boom"
-        s = TaskState(
-            **{
-                **s.__dict__,
-                "failure_count": done.failure_count,
-                "schedule": Schedule(
-                    update_interval_ms=done.update_interval_ms, base_interval_ms=done.base_interval_ms
-                ),
-            }
+        s = dataclasses.replace(
+            s,
+            failure_count=done.failure_count,
+            schedule=Schedule(
+                update_interval_ms=done.update_interval_ms, base_interval_ms=done.base_interval_ms
+            ),
         )
         if run < 5:
             assert done.status is Status.ACTIVE

@@ -69,7 +69,7 @@ def invalid(field_name: str, problem: str) -> ParleyError:
     return errors.TASK_INVALID(f"{field_name} {problem}")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Schedule:
     """When and how a task runs: the typed form of its metadata."""
 
@@ -119,7 +119,7 @@ class Lease:
     expires_at: datetime
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Task:
     """A stored task, as the database had it at ``read_at`` (its clock; None: not read with it)."""
 
@@ -217,7 +217,7 @@ class UncertainAttempt:
     reclaimed_at: datetime
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class TaskState:
     """What the rules need of a stored task (a claimed row, or one being updated)."""
 

@@ -101,7 +101,7 @@ def uncertain_from_row(row: Row) -> UncertainAttempt:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Claimed:
     """A run this replica holds the lease of: the task's own lease (a blocking task, a one-shot), or
     the lease of one of a non-blocking task's runs (``concurrent``), whose ``slot`` it runs.
