@@ -356,6 +356,13 @@ class Bus:
             return "unchanged"
         try:
             await self.js.update_stream(wanted)
+        except nats.js.errors.BadRequestError as exc:
+            what = f"update stream {spec.name} ({', '.join(changed)})"
+            if "peer offline" in str(exc):
+                # A cluster node counted offline for now (loaded, or just restarted): placing the
+                # stream's copies waits for it, as a group still forming does.
+                raise codes.JETSTREAM_UNAVAILABLE(f"{what}: a cluster peer is offline") from exc
+            raise _translate(exc, what) from exc
         except (TimeoutError, nats.errors.Error) as exc:
             raise _translate(exc, f"update stream {spec.name} ({', '.join(changed)})") from exc
         log.info("stream updated", stream=spec.name, fields=",".join(changed))

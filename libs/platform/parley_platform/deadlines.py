@@ -3,7 +3,7 @@
 Under uvloop ``asyncio.timeout`` cost about 6 µs an await (a micro-benchmark: 5.7–6.6 µs against
 0.15–0.19 µs for the bare await; a timer handle alone 3.2–3.9 µs), a tenth of the RPC envelope's
 whole handling and of a scheduled run's in its worker (docs/performance.md). ``Deadlines.within``
-registers the await in a dict; while any is registered, one timer every ``tick`` seconds cancels
+registers the await in a set; while any is registered, one timer every ``tick`` seconds cancels
 those whose deadline passed, so an await is cancelled at most one tick late. That suits deadlines
 that are a caller's budget (an RPC's, a scheduled run's timeout), not precise timers.
 """
