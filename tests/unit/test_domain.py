@@ -111,6 +111,42 @@ async def test_scripted_rules_match_in_order_with_named_groups() -> None:
     assert raw.text == "plain words"
 
 
+@pytest.mark.parametrize(
+    ("rule", "prompt", "answer"),
+    [
+        # A place for each named group, as often as the template names it.
+        (
+            Rule(match=r"(?P<a>\w+) and (?P<b>\w+)", raw="{b}, {a}, {b}"),
+            "salt and pepper",
+            "pepper, salt, pepper",
+        ),
+        # A group that matched nothing fills its place with nothing.
+        (Rule(match=r"hi(?P<name> \w+)?", raw="[{name}]"), "hi", "[]"),
+        # Braces that name no group are the answer's own text: JSON, format-like words.
+        (
+            Rule(match=r"json (?P<v>\d+)", raw='{"v": {v}, "other": "{other}", "empty": {}}'),
+            "json 42",
+            '{"v": 42, "other": "{other}", "empty": {}}',
+        ),
+        (Rule(match=r"x", raw="{{x}} {0} }{"), "x", "{{x}} {0} }{"),
+        # A reply text is escaped for the <response> contract after its places are filled.
+        (Rule(match=r"say (?P<what>.+)", text="{what} & more"), "say <b>", "&lt;b&gt; &amp; more"),
+    ],
+)
+async def test_scripted_rules_fill_their_groups_and_keep_other_braces(
+    rule: Rule, prompt: str, answer: str
+) -> None:
+    provider = ScriptedProvider(rules=[rule])
+    said = await provider.generate(ProviderRequest(model_type="TEXT_SMALL", prompt=prompt))
+    if rule.raw is not None:
+        assert said.text == answer
+    else:
+        assert f"<text>{answer}</text>" in said.text
+        parsed = parse_response(said.text)
+        assert parsed is not None
+        assert parsed.text == "<b> & more"
+
+
 def test_scripted_rule_files_are_validated(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text("rules:\n  - match: hi\n    text: hello\n")

@@ -1,13 +1,16 @@
 """The gateway's per-provider concurrency limit (``protection.Limiter``): a free slot is taken at
 once, callers beyond the limit wait first come first served up to the queue limit, the rest are
-refused, and a caller that gives up while waiting neither keeps nor loses a slot."""
+refused, and a caller that gives up while waiting neither keeps nor loses a slot. Also the budget
+check every call makes before it (``Budgets.may_limit``)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
+from parley_gateway.engine import Budgets
 from parley_gateway.protection import Limiter
 from parley_platform.errors import ParleyError
 
@@ -89,3 +92,32 @@ async def test_a_waiter_cancelled_as_it_is_given_the_slot_passes_it_on() -> None
     assert (limiter.inflight, limiter.queued) == (1, 0)
     limiter.release()
     assert limiter.inflight == 0
+
+
+async def test_try_acquire_takes_only_a_free_slot_nobody_waits_for() -> None:
+    limiter = Limiter("p", 1, 4)
+    assert limiter.try_acquire()
+    assert not limiter.try_acquire()  # full
+    waiting = asyncio.create_task(limiter.acquire())
+    await settle()
+    limiter.release()  # handed to the caller waiting, not left free
+    assert not limiter.try_acquire()
+    await waiting
+    assert (limiter.inflight, limiter.queued) == (1, 0)
+    limiter.release()
+    assert limiter.try_acquire()
+    limiter.release()
+    assert limiter.inflight == 0
+
+
+def test_a_reservation_is_asked_for_only_while_the_agent_may_have_a_budget() -> None:
+    budgets = Budgets(None, default_tokens=0, window_seconds=3600, cache_seconds=5)  # type: ignore[arg-type]
+    assert not budgets.may_limit("")  # no agent: nothing to limit
+    assert budgets.may_limit("ada")  # not known yet: ask the database
+    budgets._unbudgeted["ada"] = time.monotonic() + 5  # the database said: no budget
+    assert not budgets.may_limit("ada")
+    budgets._unbudgeted["ada"] = time.monotonic() - 1  # trusted for cache_seconds only
+    assert budgets.may_limit("ada")
+    budgets._unbudgeted["ada"] = time.monotonic() + 5
+    budgets.forget("ada")  # its budget changed
+    assert budgets.may_limit("ada")

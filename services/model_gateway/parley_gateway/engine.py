@@ -204,11 +204,17 @@ class Budgets:
         self._unbudgeted.pop(agent_id, None)
         self._defaulted.discard(agent_id)
 
-    async def reserve(self, agent_id: str, tokens: int) -> Hold | None:
+    def may_limit(self, agent_id: str) -> bool:
+        """Whether a call of this agent needs a reservation: not without an agent, nor for one this
+        replica learned has no budget (trusted for ``cache_seconds``). Checked before ``reserve``
+        on the hot path, which then awaits nothing for most calls."""
         if not agent_id:
-            return None
+            return False
         known_free = self._unbudgeted.get(agent_id)
-        if known_free is not None and known_free > time.monotonic():
+        return known_free is None or known_free <= time.monotonic()
+
+    async def reserve(self, agent_id: str, tokens: int) -> Hold | None:
+        if not self.may_limit(agent_id):
             return None
         if self.default_tokens and agent_id not in self._defaulted:
             await self.store.ensure_budget(agent_id, self.default_tokens, self.window_seconds)
@@ -292,7 +298,7 @@ class Engine:
     def _prepare(self, call: Call) -> tuple[int, int]:
         """The call's output budget, and the tokens to reserve for it."""
         output = call.request.max_tokens or self.default_max_tokens
-        return output, estimate_tokens(call.request.system + call.request.prompt) + output
+        return output, call.request.estimated_input_tokens() + output
 
     def _count(
         self, protected: Protected, call: Call, model: str, completion: Completion, elapsed: float
@@ -319,12 +325,15 @@ class Engine:
         output, reserve = self._prepare(call)
         started = time.perf_counter()
         hold: Hold | None = None
+        budgets = self.budgets
         try:
-            hold = await self.budgets.reserve(call.agent_id, reserve)
+            if budgets.may_limit(call.agent_id):
+                hold = await budgets.reserve(call.agent_id, reserve)
             limiter = protected.limiter
 
             async def attempt(remaining: float) -> Completion:
-                await limiter.acquire()
+                if not limiter.try_acquire():
+                    await limiter.acquire()
                 try:
                     return await provider.generate(
                         call.request.bounded(max_tokens=output, timeout=min(remaining, self.provider_timeout))
@@ -346,7 +355,8 @@ class Engine:
                 await asyncio.shield(self.budgets.release(hold))
             raise
         elapsed = time.perf_counter() - started
-        await self.budgets.commit(hold, completion.input_tokens + completion.output_tokens)
+        if hold is not None:
+            await budgets.commit(hold, completion.input_tokens + completion.output_tokens)
         model = provider.model_for(call.request.model_type)
         self._count(protected, call, model, completion, elapsed)
         return Result(completion, provider.name, model, elapsed)

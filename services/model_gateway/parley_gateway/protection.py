@@ -40,9 +40,15 @@ class Limiter:
         """``async with limiter.slot():`` holds one of the slots while the call runs."""
         return self._slot
 
-    async def acquire(self) -> None:
+    def try_acquire(self) -> bool:
+        """Takes a free slot at once, when one is free and nobody waits before this call."""
         if self.inflight < self.limit and not self._waiters:
             self.inflight += 1
+            return True
+        return False
+
+    async def acquire(self) -> None:
+        if self.try_acquire():
             return
         if self.queued >= self.queue_limit:
             raise errors.PROVIDER_BUSY(

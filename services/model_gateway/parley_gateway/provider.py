@@ -55,6 +55,11 @@ class ProviderRequest:
             timeout=timeout,
         )
 
+    def estimated_input_tokens(self) -> int:
+        """``estimate_tokens`` of the system text and the prompt together, without joining them: a
+        prompt may be megabytes, and the join would copy it on every call."""
+        return max(1, (len(self.system) + len(self.prompt) + 3) // 4)
+
     def ordered_segments(self) -> list[Segment]:
         """Stable segments first, then the rest, each group in its own order.
 

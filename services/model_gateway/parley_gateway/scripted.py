@@ -16,7 +16,6 @@ import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 from xml.sax.saxutils import escape
 
 import yaml
@@ -89,21 +88,19 @@ def load_rules(path: Path) -> list[Rule]:
 _PLACE = re.compile(r"\{(\w+)\}")
 
 
-def _fill(template: str, groups: dict[str, str | None]) -> str:
-    """Put the rule's named groups in ``{name}`` places; other braces stay as written (JSON answers)."""
-    if "{" not in template:
-        return template
-
-    def value(match: re.Match[str]) -> str:
-        name = match.group(1)
-        return (groups.get(name) or "") if name in groups else match.group(0)
-
-    return _PLACE.sub(value, template)
-
-
-class _Missing(dict[str, Any]):
-    def __missing__(self, key: str) -> str:
-        return ""
+def template_format(template: str, pattern: re.Pattern[str]) -> str:
+    """``template`` as a ``str.format`` string, built once per rule: a ``{name}`` naming one of the
+    pattern's groups is a place for what the group matched (empty when it matched nothing); every
+    other brace is literal text (JSON answers)."""
+    pieces = _PLACE.split(template)  # text, name, text, name, ..., text
+    out = []
+    for index, piece in enumerate(pieces):
+        if index % 2 and piece in pattern.groupindex:
+            out.append(f"{{{piece}}}")
+        else:
+            literal = f"{{{piece}}}" if index % 2 else piece
+            out.append(literal.replace("{", "{{").replace("}", "}}"))
+    return "".join(out)
 
 
 @dataclass
@@ -118,6 +115,11 @@ class ScriptedProvider:
     def __post_init__(self) -> None:
         self._compiled = [(re.compile(r.match), r) for r in self.rules]
         self._builtin = [(re.compile(r.match), r) for r in (ECHO_RULE, FALLBACK_RULE)]
+        # Each rule's answer (its raw text, else its reply text) as a format string of its groups.
+        self._formats = {
+            id(rule): template_format(rule.text if rule.raw is None else rule.raw, pattern)
+            for pattern, rule in [*self._compiled, *self._builtin]
+        }
         # Each rule's <response> up to its text, escaped once (the zero-latency model's own cost
         # would otherwise count as the gateway's in bench/model_gateway.py).
         self._heads = {
@@ -151,10 +153,10 @@ class ScriptedProvider:
         return self.latency_ms if rule.latency_ms is None else rule.latency_ms
 
     def _render(self, rule: Rule, found: re.Match[str]) -> str:
+        text = self._formats[id(rule)].format_map(found.groupdict(""))
         if rule.raw is not None:
-            return _fill(rule.raw, found.groupdict())
-        reply = _fill(rule.text, found.groupdict())
-        return f"{self._heads[id(rule)]}{escape(reply)}</text></response>"
+            return text
+        return f"{self._heads[id(rule)]}{escape(text)}</text></response>"
 
     async def generate(self, request: ProviderRequest) -> Completion:
         # The rules see the prompt as the caller wrote it; ordering for caches is a provider concern.
@@ -163,7 +165,7 @@ class ScriptedProvider:
             await asyncio.sleep(latency / 1000)
         return Completion(
             text=text,
-            input_tokens=estimate_tokens(request.system + request.prompt),
+            input_tokens=request.estimated_input_tokens(),
             output_tokens=estimate_tokens(text),
             finish_reason="stop",
         )
