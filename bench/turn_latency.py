@@ -8,7 +8,11 @@ inbound message), a NATS request/reply (the model call), two SQL statements
 (ingest with the room history, save the reply and finish the turn) and a JetStream publish (the
 reply) — and reports the ratio of a turn to the sum of those.
 
-Usage: python bench/turn_latency.py [--sequential 300] [--concurrent 2000] [--in-flight 64]
+The default messages are two words, which REFLECTION passes over (it reflects on four or more);
+``--words 8`` makes every message one it reflects on, after the reply, as a real conversation's
+would be.
+
+Usage: python bench/turn_latency.py [--sequential 300] [--concurrent 2000] [--in-flight 64] [--words 2]
 """
 
 from __future__ import annotations
@@ -112,9 +116,12 @@ async def floors(env: BenchEnv, bus: Bus, n: int, in_flight: int) -> dict[str, S
 class Client:
     """A connector that publishes inbound messages and matches replies by message id."""
 
-    def __init__(self, bus: Bus) -> None:
+    def __init__(self, bus: Bus, words: int = 2) -> None:
         self.bus = bus
         self.waiting: dict[str, asyncio.Future[None]] = {}
+        # "message <i>", then filler words up to ``words``: REFLECTION reflects on messages of four
+        # words or more, so the default two-word messages leave the evaluators' work out.
+        self.filler = "".join(f" word{k}" for k in range(max(0, words - 2)))
 
     async def start(self) -> None:
         async def on_reply(msg: object) -> None:
@@ -137,7 +144,7 @@ class Client:
             sender_name=f"User {slot}",
             channel_id=f"room-{slot}",
             room_type=runtime_pb2.ROOM_TYPE_DM,
-            text=f"message {i}",
+            text=f"message {i}{self.filler}",
         )
         await self.bus.publish(
             self.bus.subjects.inbound(AGENT_ID, "bench"),
@@ -157,6 +164,9 @@ async def main(args: argparse.Namespace) -> None:
                 **common,
                 "PARLEY_GATEWAY_GRPC_PORT": str(gw_port),
                 "PARLEY_GATEWAY_METRICS_PORT": str(free_port()),
+                # No scheduler runs here: the gateway drains the prompt batcher (REFLECTION's
+                # sections, with --words 4 or more) on its own timer, as it does without one.
+                "PARLEY_BATCHER_SELF_DRAIN": "true",
             },
             env.logs / "gateway.log",
             gw_port,
@@ -175,7 +185,7 @@ async def main(args: argparse.Namespace) -> None:
         try:
             await gateway.wait_ready()
             await runtime.wait_ready()
-            client = Client(bus)
+            client = Client(bus, args.words)
             await client.start()
             await timed(50, 1, client.turn)  # warm-up: connections, prepared statements
             groups = {
@@ -239,6 +249,7 @@ async def main(args: argparse.Namespace) -> None:
         "ratio_to_floor": round(sequential.p50_ms / floor_seq_ms, 2),
         "throughput_ratio_to_floor": round(concurrent.rate / floor_rate, 2),
         "nats_auth": args.nats_auth,
+        "words": args.words,
     }
     report(
         "Turn latency (scripted model, zero latency; 1 runtime, 1 gateway)",
@@ -252,6 +263,13 @@ if __name__ == "__main__":
     parser.add_argument("--sequential", type=int, default=300)
     parser.add_argument("--concurrent", type=int, default=2000)
     parser.add_argument("--in-flight", type=int, default=64)
+    parser.add_argument(
+        "--words",
+        type=int,
+        default=2,
+        help="words per message; 4 or more: REFLECTION reflects on every message (its batched model"
+        " call, the facts it stores) after the reply",
+    )
     parser.add_argument(
         "--nats-auth",
         choices=["on", "off"],
