@@ -203,7 +203,9 @@ class TerminalConnector:
                             on_chunk(event)
                         if event.in_reply_to == message_id and event.final and event.outcome in ENDED:
                             raise FailedPrecondition(
-                                f"the turn was {event.outcome}", code=f"TURN_{event.outcome.upper()}"
+                                f"the turn was {event.outcome}",
+                                code=f"TURN_{event.outcome.upper()}",
+                                hint=ENDED[event.outcome],
                             )
                     elif event.in_reply_to == message_id:
                         await event.ack()
@@ -230,5 +232,10 @@ class TerminalConnector:
         return found
 
 
-# A turn that ended without a reply: its final chunk says why.
-ENDED = ("superseded", "cancelled", "failed")
+# A turn that ended without a reply: its final chunk says why (and so, at once, does `parley send`).
+ENDED = {
+    "ignored": "the agent chose not to answer this message (see `parley turns`)",
+    "superseded": "a newer message in the conversation took the turn over",
+    "cancelled": "the turn was cancelled before it replied",
+    "failed": "see `parley turns` and the runtime's log",
+}

@@ -51,6 +51,18 @@ def test_send_times_out_with_a_clear_message(suite: Suite) -> None:
     assert "no reply within 0.5s" in result.stderr
 
 
+def test_send_says_at_once_when_the_agent_chooses_not_to_reply(suite: Suite) -> None:
+    # The scripted model answers IGNORE: the turn ends without a reply, and its stream's final
+    # chunk says so; before, `send` waited out its timeout and asked whether the suite was running.
+    started = time.monotonic()
+    result = run(["send", "--timeout", "30", "please ignore this"], cli_env(suite))
+    assert result.returncode == 1
+    assert "the turn was ignored" in result.stderr
+    assert "chose not to answer" in result.stderr
+    assert "is the suite running" not in result.stderr
+    assert time.monotonic() - started < 20
+
+
 def test_send_to_an_unknown_agent_fails_clearly(suite: Suite) -> None:
     result = run(["send", "--agent", "nobody", "hi"], cli_env(suite))
     assert result.returncode == 1
