@@ -2,7 +2,8 @@
 evaluators through the prompt batcher (after), and the floor (the turn's own planner call).
 
 The model gateway and a runtime run as processes with the scripted model at zero latency. A client
-sends ``--turns`` sequential messages into one room, each long enough for REFLECTION to run, and
+sends ``--turns`` sequential messages into one room, each long enough for REFLECTION to run (its
+agents reflect after every message, ``REFLECTION_INTERVAL: 1``, not every fourth turn), and
 the gateway's usage ledger (model.usage: every provider call, by kind: generate, stream, batch)
 counts the calls once the background work has stopped. Three runtimes are measured, each with an
 agent of its own so that the counts do not mix:
@@ -46,7 +47,10 @@ def agent_id(name: str) -> str:
 
 
 def character(name: str, reflection: bool) -> str:
-    return f"name: {name}\nsystem: A benchmark agent.\nsettings: {{REFLECTION: {str(reflection).lower()}}}\n"
+    # REFLECTION_INTERVAL 1: REFLECTION after every message (of four words or more), not on the
+    # room's every fourth turn (its default), so that each turn has an evaluator section.
+    settings = f"{{REFLECTION: {str(reflection).lower()}, REFLECTION_INTERVAL: 1}}"
+    return f"name: {name}\nsystem: A benchmark agent.\nsettings: {settings}\n"
 
 
 async def model_calls(env: BenchEnv, agent: str) -> int:

@@ -8,11 +8,14 @@ inbound message), a NATS request/reply (the model call), two SQL statements
 (ingest with the room history, save the reply and finish the turn) and a JetStream publish (the
 reply) — and reports the ratio of a turn to the sum of those.
 
-The default messages are two words, which REFLECTION passes over (it reflects on four or more);
-``--words 8`` makes every message one it reflects on, after the reply, as a real conversation's
-would be.
+The default messages are two words. REFLECTION reflects on a room's every fourth turn, whatever
+its words (the default character's cadence, elizaOS's), so one turn in four of each room has its
+evaluator section, batched model call and stored facts after the reply. ``--reflection-interval 1``
+makes it reflect after every message of four words or more instead: with ``--words 8``, after
+every message.
 
 Usage: python bench/turn_latency.py [--sequential 300] [--concurrent 2000] [--in-flight 64] [--words 2]
+    [--reflection-interval N]
 """
 
 from __future__ import annotations
@@ -25,7 +28,18 @@ import time
 import uuid
 
 import psycopg
-from _common import BenchEnv, Series, bench_env, cpu_ms_per_op, cpu_snapshot, pids_matching, report, suite_env
+import yaml
+from _common import (
+    ROOT,
+    BenchEnv,
+    Series,
+    bench_env,
+    cpu_ms_per_op,
+    cpu_snapshot,
+    pids_matching,
+    report,
+    suite_env,
+)
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from parley.v1 import runtime_pb2
@@ -113,14 +127,26 @@ async def floors(env: BenchEnv, bus: Bus, n: int, in_flight: int) -> dict[str, S
     return results
 
 
+def characters(env: BenchEnv, reflection_interval: int | None) -> dict[str, str]:
+    """The default character, with ``REFLECTION_INTERVAL`` set when asked for (else its own cadence)."""
+    if reflection_interval is None:
+        return {}
+    folder = env.logs.parent / "characters"
+    folder.mkdir(exist_ok=True)
+    character = yaml.safe_load((ROOT / "characters" / "default.yaml").read_text())
+    character["settings"] = {**(character.get("settings") or {}), "REFLECTION_INTERVAL": reflection_interval}
+    (folder / "default.yaml").write_text(yaml.safe_dump(character))
+    return {"PARLEY_CHARACTERS_DIR": str(folder)}
+
+
 class Client:
     """A connector that publishes inbound messages and matches replies by message id."""
 
     def __init__(self, bus: Bus, words: int = 2) -> None:
         self.bus = bus
         self.waiting: dict[str, asyncio.Future[None]] = {}
-        # "message <i>", then filler words up to ``words``: REFLECTION reflects on messages of four
-        # words or more, so the default two-word messages leave the evaluators' work out.
+        # "message <i>", then filler words up to ``words`` (with REFLECTION_INTERVAL 1, REFLECTION
+        # reflects on messages of four words or more).
         self.filler = "".join(f" word{k}" for k in range(max(0, words - 2)))
 
     async def start(self) -> None:
@@ -165,7 +191,7 @@ async def main(args: argparse.Namespace) -> None:
                 "PARLEY_GATEWAY_GRPC_PORT": str(gw_port),
                 "PARLEY_GATEWAY_METRICS_PORT": str(free_port()),
                 # No scheduler runs here: the gateway drains the prompt batcher (REFLECTION's
-                # sections, with --words 4 or more) on its own timer, as it does without one.
+                # sections) on its own timer, as it does without one.
                 "PARLEY_BATCHER_SELF_DRAIN": "true",
             },
             env.logs / "gateway.log",
@@ -177,6 +203,7 @@ async def main(args: argparse.Namespace) -> None:
                 **common,
                 "PARLEY_RUNTIME_GRPC_PORT": str(rt_port),
                 "PARLEY_RUNTIME_METRICS_PORT": str(free_port()),
+                **characters(env, args.reflection_interval),
             },
             env.logs / "runtime.log",
             rt_port,
@@ -250,6 +277,7 @@ async def main(args: argparse.Namespace) -> None:
         "throughput_ratio_to_floor": round(concurrent.rate / floor_rate, 2),
         "nats_auth": args.nats_auth,
         "words": args.words,
+        "reflection_interval": args.reflection_interval or 4,
     }
     report(
         "Turn latency (scripted model, zero latency; 1 runtime, 1 gateway)",
@@ -267,8 +295,15 @@ if __name__ == "__main__":
         "--words",
         type=int,
         default=2,
-        help="words per message; 4 or more: REFLECTION reflects on every message (its batched model"
-        " call, the facts it stores) after the reply",
+        help="words per message (REFLECTION_INTERVAL 1: REFLECTION reflects on those of 4 or more)",
+    )
+    parser.add_argument(
+        "--reflection-interval",
+        type=int,
+        default=None,
+        help="the agent's REFLECTION_INTERVAL: REFLECTION on a room's every Nth turn (default: the"
+        " character's, 4); 1: after every message of 4 words or more (its batched model call, the"
+        " facts it stores)",
     )
     parser.add_argument(
         "--nats-auth",

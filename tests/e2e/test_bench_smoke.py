@@ -146,7 +146,11 @@ RUNS: dict[str, tuple[list[str], set[str], set[str]]] = {
         },
     ),
     "turn_latency.py": (
-        ["--sequential", "10", "--concurrent", "20", "--in-flight", "8", "--words", "8"],
+        # REFLECTION after every (eight-word) message: each turn's evaluator section is drained.
+        [
+            *("--sequential", "10", "--concurrent", "20", "--in-flight", "8"),
+            *("--words", "8", "--reflection-interval", "1"),
+        ],
         {"ratio_to_floor", "throughput_ratio_to_floor"},
         {"turn_sequential", "turn_concurrent", "floor"},
     ),

@@ -22,7 +22,7 @@ AGENT = "evaltester"
 CHARACTER = f"""name: {AGENT}
 system: You are a test agent.
 plugins: ["plugins.evaluator_fixtures:evaluator_plugin"]
-settings: {{}}
+settings: {{REFLECTION_INTERVAL: 1}}  # REFLECTION after every message of four words or more
 """
 
 

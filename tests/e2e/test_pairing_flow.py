@@ -83,7 +83,8 @@ async def flow(test_env: SessionEnv, tmp_path_factory: pytest.TempPathFactory) -
     characters.mkdir()
     character = yaml.safe_load((ROOT / "characters" / "default.yaml").read_text())
     character["name"] = "guarded"
-    character["settings"] = {"DM_POLICY": "pairing"}
+    # REFLECTION after every message it can: the stranger's first one would be reflected on.
+    character["settings"] = {"DM_POLICY": "pairing", "REFLECTION_INTERVAL": 1}
     (characters / "guarded.yaml").write_text(yaml.safe_dump(character))
     suite = Suite(test_env, root / "logs", f"p{secrets.token_hex(4)}")
     await suite.start(runtimes=0)

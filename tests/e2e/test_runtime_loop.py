@@ -390,9 +390,16 @@ async def test_trajectory_is_readable_through_the_operator_api(loop: Loop) -> No
     assert str(turn["id"]) in [t.id for t in listed.turns]
 
 
-async def test_reflection_stores_facts_that_later_turns_find(loop: Loop) -> None:
-    told = await loop.send("my favourite colour is teal")
-    await loop.reply(told)
+async def test_reflection_on_every_fourth_turn_stores_facts_that_later_turns_find(loop: Loop) -> None:
+    """REFLECTION's default cadence (elizaOS's): the room's fourth turn reflects over the messages
+    since the room began, so the fact told in its first turn is stored, and no turn before it
+    reflected."""
+    channel = f"c-{secrets.token_hex(4)}"
+    said = []
+    for text in ("my favourite colour is teal", "the weather is nice today", "I will walk later", "ok"):
+        message = await loop.send(text, channel=channel)
+        await loop.reply(message)  # one after the other: the room's turns 1 to 4
+        said.append(message)
 
     async def fact_stored() -> bool:
         with psycopg.connect(loop.suite.env.database_url) as conn:
@@ -404,6 +411,11 @@ async def test_reflection_stores_facts_that_later_turns_find(loop: Loop) -> None
         return bool(row and row[0] == 1)
 
     await eventually(fact_stored, timeout=20, what="the reflected fact")
+    await loop.idle()
+    reflected = [
+        "REFLECTION" in ((await loop.finished(m))["trajectory"] or {}).get("evaluators", {}) for m in said
+    ]
+    assert reflected == [False, False, False, True]
     asked = await loop.send("what colour do I like?")
     assert (await loop.reply(asked)).text == "You like teal."
     async with grpc.aio.insecure_channel(f"127.0.0.1:{loop.suite.runtime.grpc_port}") as channel:

@@ -13,6 +13,7 @@ from parley_runtime.agent_settings import (
     TRAJECTORY_LOGGING_VARIABLE,
     get_setting,
     setting_bool,
+    setting_int,
     setting_list,
     trajectory_logging_enabled,
 )
@@ -134,6 +135,27 @@ def test_the_process_environment_is_never_read(monkeypatch: pytest.MonkeyPatch) 
 )
 def test_setting_bool(value: object, expected: bool | None) -> None:
     assert setting_bool(value) is expected
+
+
+# ---------------------------------------------------------------- setting_int
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (4, 4),
+        (0, 0),
+        (-2, -2),
+        ("4", 4),
+        (" 12\n", 12),
+        ("-3", -3),
+        ("+5", 5),
+        *[(v, None) for v in [True, False, None, "", "  ", "four", "1.5", "4 turns", 2.0, [4], {"n": 4}]],
+    ],
+)
+def test_setting_int(value: object, expected: int | None) -> None:
+    assert setting_int(value) == expected
+    assert setting_int(value) is None or type(setting_int(value)) is int
 
 
 # ---------------------------------------------------------------- setting_list

@@ -24,6 +24,7 @@ __all__ = [
     "TRAJECTORY_LOGGING_VARIABLE",
     "get_setting",
     "setting_bool",
+    "setting_int",
     "setting_list",
     "trajectory_logging_enabled",
 ]
@@ -85,6 +86,21 @@ def setting_bool(value: object) -> bool | None:
             return True
         if word in _FALSE:
             return False
+    return None
+
+
+def setting_int(value: object) -> int | None:
+    """An integer setting: an ``int`` as it is, a string of digits (trimmed, an optional sign) as
+    its number; ``None`` for anything else (a bool, a fraction, words, unset)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
     return None
 
 

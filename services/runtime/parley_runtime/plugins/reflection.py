@@ -2,6 +2,13 @@
 conversation (``facts`` memories), relationships between them (the agent's relationship rows,
 with tags), and a short reflection on the conversation (a ``reflections`` memory).
 
+It runs on a room's every ``REFLECTION_INTERVAL``-th turn (a setting; default 4), over the room's
+recent messages, as elizaOS's does once more than a quarter of its 32-message conversation window
+is new (two messages a turn). With an interval of 1 it runs after every message of four words or
+more instead: one that cannot carry a fact is passed over. The history it reads reaches back
+``max(8, 2 × interval)`` messages (as far as ``PARLEY_RUNTIME_RECENT_MESSAGES`` keeps), so each
+reflection reads the turns since the one before.
+
 Its question is a prompt segment: one section of the turn's batched evaluator call (see
 turn/evaluation.py). A character's ``templates.reflectionTemplate`` replaces the question.
 Without the batcher the same question is asked on its own."""
@@ -13,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import templating
-from ..agent_settings import setting_bool
+from ..agent_settings import setting_bool, setting_int
 from ..sdk import ActionResult, Evaluator, EvaluatorPrompt, TurnContext
 from .arguments import json_object
 
@@ -39,20 +46,32 @@ Answer with one JSON object only:
 """
 TEMPLATE = "reflectionTemplate"
 REFLECTION_MIN_WORDS = 4
+REFLECTION_INTERVAL = 4  # turns of a room between reflections
 MAX_ITEMS = 10
 
 
+def _interval(ctx: TurnContext) -> int:
+    """The character's ``REFLECTION_INTERVAL`` (a whole number of turns, 1 or more), else 4."""
+    interval = setting_int(ctx.services.get_setting("REFLECTION_INTERVAL"))
+    return interval if interval is not None and interval >= 1 else REFLECTION_INTERVAL
+
+
 async def _should_reflect(ctx: TurnContext) -> bool:
-    """Reflect on messages that can carry a fact (not greetings or one-word answers), unless the
-    character turns it off with REFLECTION: false."""
-    enabled = setting_bool(ctx.services.get_setting("REFLECTION"))
-    words = len(ctx.message.text.split())
-    from_agent = ctx.message.sender_id == ctx.agent_id  # its own words: a continuation, a thought
-    return enabled is not False and words >= REFLECTION_MIN_WORDS and not ctx.is_autonomous and not from_agent
+    """On the room's every interval-th turn (every turn: only on a message that can carry a fact,
+    not a greeting or a one-word answer); never on the agent's own words or an autonomous turn,
+    nor when the character turns it off with REFLECTION: false."""
+    if setting_bool(ctx.services.get_setting("REFLECTION")) is False:
+        return False
+    if ctx.is_autonomous or ctx.message.sender_id == ctx.agent_id:  # its own words: a continuation
+        return False
+    interval = _interval(ctx)
+    if interval == 1:
+        return len(ctx.message.text.split()) >= REFLECTION_MIN_WORDS
+    return ctx.room_turn > 0 and ctx.room_turn % interval == 0
 
 
 def _question(ctx: TurnContext) -> str:
-    lines = [f"{line.name}: {line.text}" for line in ctx.history[-8:]]
+    lines = [f"{line.name}: {line.text}" for line in ctx.history[-max(8, 2 * _interval(ctx)) :]]
     lines.append(f"{ctx.message.sender_name}: {ctx.message.text}")
     template = ctx.character.templates.get(TEMPLATE) or REFLECTION_PROMPT
     values = {"recentMessages": "\n".join(lines), "senderName": ctx.message.sender_name}

@@ -145,6 +145,10 @@ class TurnContext:
     state: State = field(default_factory=State)
     parsed: ParsedResponse | None = None
     results: list[Any] = field(default_factory=list)  # ActionResults of earlier actions in this turn
+    # The room's turn counter at this turn: 1 for the room's first, and one more for each message
+    # that took the room since (a redelivered copy counts again). 0 when not known (a context
+    # rebuilt to run a confirmed action).
+    room_turn: int = 0
 
     @property
     def is_autonomous(self) -> bool:

@@ -240,6 +240,7 @@ class TurnProcessor:
                 Participant(str(p.entity_id), list(p.names), p.role, p.state) for p in ingested.participants
             ],
             present={"facts": ingested.has_facts, "documents": ingested.has_documents},
+            room_turn=ingested.lease_token,
         )
         if ingested.lease_token > 1:  # the room had turns before: an older one may still run
             await self.control.room_taken(agent.id, message.room_id, ingested.lease_token)

@@ -146,6 +146,7 @@ def context(
     history: Sequence[HistoryLine] = (),
     participants: Sequence[Participant] = (),
     present: Mapping[str, bool | None] | None = None,
+    room_turn: int = 0,
 ) -> TurnContext:
     """What handlers see of the turn of ``message``; also rebuilt to run a confirmed action.
     ``present``: what is known to exist already (``facts``, ``documents``; None: not known)."""
@@ -159,6 +160,7 @@ def context(
         history=history,
         participants=participants,
         services=services,
+        room_turn=room_turn,
     )
     services.ctx = ctx
     return ctx
