@@ -4,11 +4,14 @@ segment ordering and Anthropic cache markers."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from parley_gateway.batching import (
     BatcherConfig,
@@ -395,6 +398,27 @@ def test_anthropic_marks_the_end_of_each_stable_run_at_most_three_times() -> Non
     blocks = anthropic_blocks(segments)
     marked = [b["text"] for b in blocks if "cache_control" in b]
     assert marked == ["s0", "s2", "s4"]
+
+
+def _dense_hash_vector(text: str, dimension: int) -> list[float]:
+    """hash_vector as first written: every place summed and scaled."""
+    vector = [0.0] * dimension
+    for word in re.findall(r"\w+", text.lower()) or [text]:
+        digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
+        vector[int.from_bytes(digest[:4], "little") % dimension] += 1.0 if digest[4] & 1 else -1.0
+    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+    return [v / norm for v in vector]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=400), st.sampled_from([HASH_DIMENSION, 8, 1]))
+def test_hash_vectors_are_the_same_as_when_every_place_was_scaled(text: str, dimension: int) -> None:
+    assert hash_vector(text, dimension) == _dense_hash_vector(text, dimension)
+
+
+@pytest.mark.parametrize("text", ["", "   ", "a a a", "x " * 500, "héllo wörld 42", "cat CAT cat dog"])
+def test_hash_vectors_of_chosen_texts_are_the_same_as_when_every_place_was_scaled(text: str) -> None:
+    assert hash_vector(text, HASH_DIMENSION) == _dense_hash_vector(text, HASH_DIMENSION)
 
 
 def test_hash_vectors_are_deterministic_unit_vectors() -> None:
