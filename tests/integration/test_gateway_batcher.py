@@ -255,3 +255,64 @@ def _named(id: str, field: str, *, pattern: str = "", **extra: object) -> Sectio
         fields=(SchemaField(field, pattern=pattern),),
         **extra,  # type: ignore[arg-type]
     )
+
+
+async def test_a_drain_whose_lease_expired_is_taken_over_and_its_late_finish_changes_nothing(
+    replicas: Callable[[int, BatcherConfig], asyncio.Future[list[Replica]]], fresh_database: str
+) -> None:
+    first, second = await replicas(2, BatcherConfig())
+    for name in ("x", "y"):
+        assert await first.batcher.add(section(name))
+    # A drain that claimed the lease and both sections, then went silent (its replica died).
+    dead = await first.batcher.store.claim_drain("default", "replica-0", 30)
+    assert dead is not None and sorted(s.id for s in dead.sections) == ["x", "y"]
+    assert await second.batcher.store.claim_drain("default", "replica-1", 30) is None  # its lease is live
+    async with await psycopg.AsyncConnection.connect(fresh_database, autocommit=True) as conn:
+        await conn.execute(
+            "UPDATE model.batch_affinity SET draining_until = now() - interval '1 second'"
+            " WHERE affinity = 'default'"
+        )
+    taken = await second.batcher.drain("default")
+    assert (taken.seq, sorted(r.section_id for r in taken.results)) == (dead.seq + 1, ["x", "y"])
+    # The dead drain's finish, arriving late, neither overwrites the results nor logs a drain.
+    late = {"fields": {"f0": "stale"}}
+    assert await first.batcher.store.finish_drain(
+        "default", dead, [("agent-1", "x", late), ("agent-1", "y", late)], calls=1
+    ) == (0, False)
+    async with await psycopg.AsyncConnection.connect(fresh_database) as conn:
+        cur = await conn.execute(
+            "SELECT id, state, deliveries, last_result->'fields'->>'f0' FROM model.batch_section ORDER BY id"
+        )
+        rows = await cur.fetchall()
+        cur = await conn.execute("SELECT seq FROM model.batch_drain WHERE affinity = 'default'")
+        logged = await cur.fetchall()
+    assert [(r[0], r[1], r[2]) for r in rows] == [("x", "delivered", 1), ("y", "delivered", 1)]
+    assert all(r[3] != "stale" for r in rows)
+    assert logged == [(taken.seq,)]
+
+
+async def test_a_drain_cut_off_during_its_call_gives_the_lease_back_and_the_next_delivers(
+    replicas: Callable[[int, BatcherConfig], asyncio.Future[list[Replica]]],
+) -> None:
+    [gateway] = await replicas(1, BatcherConfig())
+    batcher = gateway.batcher
+    assert await batcher.add(section("slow"))
+    provider = batcher.engine.route("TEXT_SMALL").provider
+    assert isinstance(provider, ScriptedProvider)
+    provider.latency_ms = 5_000
+    cut = asyncio.create_task(batcher.drain("default"))
+
+    async def calling() -> bool:
+        return (await batcher.store.batcher_status("default"))[0].draining
+
+    await eventually(calling, what="the drain holds the lease during its call")
+    cut.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cut
+    [status] = await batcher.store.batcher_status("default")
+    assert (status.draining, status.drains, status.pending) == (False, 1, 0)  # claimed, not delivered
+    provider.latency_ms = 0
+    again = await batcher.drain("default")
+    assert [(r.section_id, r.fallback_used) for r in again.results] == [("slow", False)]
+    [status] = await batcher.store.batcher_status("default")
+    assert (status.draining, status.drains, status.sections) == (False, 2, 0)

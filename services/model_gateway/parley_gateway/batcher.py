@@ -1,9 +1,9 @@
 """The prompt batcher's I/O: sections in PostgreSQL, drains serialised per affinity, results on NATS.
 
-A drain takes the affinity's lease (one statement; a live lease elsewhere means wait), claims
-the due sections (one statement), packs them into calls that run through the same engine as
-every other generation, splits the answers back per section, retries what came back missing
-or invalid, falls back after that, stores and publishes the results, and gives the lease back.
+A drain takes the affinity's lease and claims its due sections (one statement; a live lease
+elsewhere means wait), packs them into calls that run through the same engine as every other
+generation, splits the answers back per section, retries what came back missing or invalid, falls
+back after that, stores the results and gives the lease back (one statement), and publishes them.
 
 When drains happen is drains.py's business: the scheduler's BATCHER_DRAIN task per affinity, or,
 for a gateway without the scheduler (``PARLEY_BATCHER_SELF_DRAIN=true``), a timer.
@@ -94,7 +94,7 @@ class Batcher:
         async with lock:
             deadline = time.monotonic() + wait
             while True:
-                claimed = await self.store.claim_affinity(affinity, self.holder, self.lease_seconds)
+                claimed = await self.store.claim_drain(affinity, self.holder, self.lease_seconds)
                 if claimed is not None:
                     break
                 if time.monotonic() > deadline:
@@ -103,28 +103,29 @@ class Batcher:
                         f" within {wait:.0f}s"
                     )
                 await asyncio.sleep(0.02)
-            seq, started_at = claimed.seq, claimed.started_at
-            drained = Drained(affinity, seq, 0, 0)
+            drained = Drained(affinity, claimed.seq, len(claimed.sections), 0)
             try:
                 async with asyncio.timeout(max(1.0, self.lease_seconds - 5)):
-                    sections = await self.store.claim_sections(affinity, seq)
-                    drained.sections = len(sections)
-                    if sections:
-                        drained.results, drained.calls = await self._answer(affinity, seq, sections)
-                        stored = [(r.agent_id, r.section_id, _result_json(r)) for r in drained.results]
-                        await self.store.finish_sections(seq, stored)
-            finally:
-                with contextlib.suppress(ParleyError):
-                    await asyncio.shield(
-                        self.store.release_affinity(
-                            affinity, seq, started_at, drained.sections, drained.calls
+                    if claimed.sections:
+                        drained.results, drained.calls = await self._answer(
+                            affinity, claimed.seq, list(claimed.sections)
                         )
-                    )
+                    stored = [(r.agent_id, r.section_id, _result_json(r)) for r in drained.results]
+                    await self.store.finish_drain(affinity, claimed, stored, calls=drained.calls)
+            except BaseException:
+                # Nothing finished: the lease is given back, and the next drain claims the sections.
+                with contextlib.suppress(ParleyError):
+                    await asyncio.shield(self.store.finish_drain(affinity, claimed, [], calls=drained.calls))
+                raise
             for result in drained.results:
                 await self._publish(result)
             if drained.sections:
                 log.info(
-                    "drained", affinity=affinity, seq=seq, sections=drained.sections, calls=drained.calls
+                    "drained",
+                    affinity=affinity,
+                    seq=claimed.seq,
+                    sections=drained.sections,
+                    calls=drained.calls,
                 )
             return drained
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, Self
 
+from .batching import Section
+
 
 class FromRow:
     """A record whose fields are the columns of the query that returns it, named and typed alike
@@ -73,11 +75,13 @@ class UsageTotal(FromRow):
 
 
 @dataclass(frozen=True)
-class DrainClaim(FromRow):
-    """An affinity's drain lease, taken: the drain's sequence number and when it started."""
+class DrainClaim:
+    """An affinity's drain lease, taken: the drain's sequence number, when it started, and the
+    sections it claimed."""
 
     seq: int
     started_at: datetime
+    sections: tuple[Section, ...]
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -117,50 +116,45 @@ class GatewayStore:
         )
         return row is not None
 
-    async def claim_affinity(self, affinity: str, holder: str, lease_seconds: float) -> DrainClaim | None:
+    async def claim_drain(self, affinity: str, holder: str, lease_seconds: float) -> DrainClaim | None:
+        """The affinity's drain lease and its due sections, or None while a live drain holds it."""
         row = await self.db.fetchone(
-            Q["claim_affinity"],
+            Q["claim_drain"],
             {"affinity": affinity, "holder": holder, "lease_seconds": lease_seconds},
             what="claim drain",
         )
-        return None if row is None else DrainClaim.from_row(row)
-
-    async def claim_sections(self, affinity: str, seq: int) -> list[Section]:
-        rows = await self.db.fetchall(
-            Q["claim_sections"], {"affinity": affinity, "seq": seq}, what="claim sections"
+        if row is None:
+            return None
+        return DrainClaim(
+            row["seq"], row["started_at"], tuple(Section.from_spec(spec) for spec in row["specs"])
         )
-        return [Section.from_spec(row["spec"]) for row in rows]
 
-    async def finish_sections(self, seq: int, results: list[tuple[str, str, dict[str, Any]]]) -> int:
-        if not results:
-            return 0
-        rows = await self.db.fetchall(
-            Q["finish_sections"],
+    async def finish_drain(
+        self,
+        affinity: str,
+        claim: DrainClaim,
+        results: list[tuple[str, str, dict[str, Any]]],
+        *,
+        calls: int,
+    ) -> tuple[int, bool]:
+        """Store the drain's results (agent, section id, result) and give its lease back: how many
+        sections it finished, and whether it still held the lease."""
+        row = await self.db.fetchone(
+            Q["finish_drain"],
             {
-                "seq": seq,
+                "affinity": affinity,
+                "seq": claim.seq,
+                "started_at": claim.started_at,
+                "sections": len(claim.sections),
+                "calls": calls,
                 "agent_ids": [agent for agent, _, _ in results],
                 "ids": [section for _, section, _ in results],
                 "results": [Jsonb(result) for _, _, result in results],
             },
-            what="finish sections",
+            what="finish drain",
         )
-        return len(rows)
-
-    async def release_affinity(
-        self, affinity: str, seq: int, started_at: datetime, sections: int, calls: int
-    ) -> bool:
-        row = await self.db.fetchone(
-            Q["release_affinity"],
-            {
-                "affinity": affinity,
-                "seq": seq,
-                "started_at": started_at,
-                "sections": sections,
-                "calls": calls,
-            },
-            what="release drain",
-        )
-        return row is not None
+        assert row is not None
+        return int(row["finished"]), bool(row["released"])
 
     async def dispose_sections(self, agent_id: str, ids: list[str], owner: str) -> int:
         rows = await self.db.fetchall(

@@ -93,49 +93,59 @@ VALUES (%(agent_id)s, %(id)s, %(affinity)s, %(spec)s, %(frequency)s, %(min_cycle
 ON CONFLICT (agent_id, id) DO NOTHING
 RETURNING id;
 
--- claim_affinity --
--- Take the affinity's drain lease, unless a live drain holds it.
-INSERT INTO model.batch_affinity AS a (affinity, drain_seq, draining_until, holder)
-VALUES (%(affinity)s, 1, now() + %(lease_seconds)s * interval '1 second', %(holder)s)
-ON CONFLICT (affinity) DO UPDATE
-   SET drain_seq = a.drain_seq + 1, draining_until = excluded.draining_until, holder = excluded.holder
- WHERE a.draining_until IS NULL OR a.draining_until < now()
--- clock_timestamp(): after any wait for the row lock, so the drain log shows the real start.
-RETURNING drain_seq AS seq, clock_timestamp() AS started_at;
+-- claim_drain --
+-- Take the affinity's drain lease, unless a live drain holds it (no row: wait), and with it the
+-- affinity's due sections and any left draining by a drain whose lease expired: one statement.
+-- A section whose row another drain changed after this statement began is read again as it is now
+-- (READ COMMITTED), so one delivered meanwhile is not claimed; one added meanwhile waits for the
+-- next drain.
+WITH lease AS (
+    INSERT INTO model.batch_affinity AS a (affinity, drain_seq, draining_until, holder)
+    VALUES (%(affinity)s, 1, now() + %(lease_seconds)s * interval '1 second', %(holder)s)
+    ON CONFLICT (affinity) DO UPDATE
+       SET drain_seq = a.drain_seq + 1, draining_until = excluded.draining_until, holder = excluded.holder
+     WHERE a.draining_until IS NULL OR a.draining_until < now()
+    -- clock_timestamp(): after any wait for the row lock, so the drain log shows the real start.
+    RETURNING drain_seq AS seq, clock_timestamp() AS started_at
+), claimed AS (
+    UPDATE model.batch_section AS s
+       SET state = 'draining', drain_seq = lease.seq
+      FROM lease
+     WHERE s.affinity = %(affinity)s
+       AND (s.state = 'pending' OR (s.state = 'draining' AND s.drain_seq < lease.seq))
+       AND (s.frequency <> 'recurring' OR s.last_run_at IS NULL
+            OR s.last_run_at + s.min_cycle_ms * interval '1 millisecond' <= now())
+    RETURNING s.spec
+)
+SELECT lease.seq, lease.started_at, coalesce((SELECT jsonb_agg(spec) FROM claimed), '[]'::jsonb) AS specs
+  FROM lease;
 
--- claim_sections --
--- The due sections of the affinity, and any left draining by a drain whose lease expired.
-UPDATE model.batch_section
-   SET state = 'draining', drain_seq = %(seq)s
- WHERE affinity = %(affinity)s
-   AND (state = 'pending' OR (state = 'draining' AND drain_seq < %(seq)s))
-   AND (frequency <> 'recurring' OR last_run_at IS NULL
-        OR last_run_at + min_cycle_ms * interval '1 millisecond' <= now())
-RETURNING agent_id, id, spec;
-
--- finish_sections --
--- Each claimed section is delivered (once) or pending again (per-drain, recurring), with its result.
-UPDATE model.batch_section AS s
-   SET state = CASE WHEN s.frequency = 'once' THEN 'delivered' ELSE 'pending' END,
-       drain_seq = NULL,
-       last_run_at = now(),
-       deliveries = s.deliveries + 1,
-       last_result = r.result
-  FROM unnest(%(agent_ids)s::text[], %(ids)s::text[], %(results)s::jsonb[]) AS r(agent_id, id, result)
- WHERE s.agent_id = r.agent_id AND s.id = r.id AND s.state = 'draining' AND s.drain_seq = %(seq)s
-RETURNING s.agent_id, s.id;
-
--- release_affinity --
--- Give the lease back (only the drain that holds it can) and log the drain.
-WITH released AS (
+-- finish_drain --
+-- The drain's end, one statement: each claimed section delivered (once) or pending again (per
+-- drain, recurring) with its result, while this drain still holds it; the lease given back (only
+-- by the drain that holds it); the drain logged. A drain that failed finishes no section: what it
+-- claimed is claimed again by the next.
+WITH finished AS (
+    UPDATE model.batch_section AS s
+       SET state = CASE WHEN s.frequency = 'once' THEN 'delivered' ELSE 'pending' END,
+           drain_seq = NULL,
+           last_run_at = now(),
+           deliveries = s.deliveries + 1,
+           last_result = r.result
+      FROM unnest(%(agent_ids)s::text[], %(ids)s::text[], %(results)s::jsonb[]) AS r(agent_id, id, result)
+     WHERE s.agent_id = r.agent_id AND s.id = r.id AND s.state = 'draining' AND s.drain_seq = %(seq)s
+    RETURNING s.id
+), released AS (
     UPDATE model.batch_affinity
        SET draining_until = NULL, holder = NULL, drains = drains + 1, last_drain_at = now()
      WHERE affinity = %(affinity)s AND drain_seq = %(seq)s AND draining_until IS NOT NULL
     RETURNING affinity, drain_seq
+), logged AS (
+    INSERT INTO model.batch_drain (affinity, seq, started_at, sections, calls)
+    SELECT affinity, drain_seq, %(started_at)s, %(sections)s, %(calls)s FROM released
+    RETURNING seq
 )
-INSERT INTO model.batch_drain (affinity, seq, started_at, sections, calls)
-SELECT affinity, drain_seq, %(started_at)s, %(sections)s, %(calls)s FROM released
-RETURNING seq;
+SELECT (SELECT count(*) FROM finished)::int AS finished, EXISTS (SELECT 1 FROM logged) AS released;
 
 -- dispose_sections --
 DELETE FROM model.batch_section
