@@ -1,6 +1,7 @@
 """The turns' message embeddings, batched (turn/embeddings.py), against a real PostgreSQL: turns
 finishing together share one embedding call and one statement, every embedding lands, and a text
-or vector refused in a shared call or statement fails only the turn it came from.
+or vector refused in a shared call or statement fails only the turn it came from. And the memories a
+turn remembers together (REFLECTION's) are one embedding call and one statement.
 
 The embedding calls go to ``Embedder``, which computes a vector from each text the way a model
 would be asked to (one call for a list of texts) and counts the calls; the statements are real."""
@@ -13,6 +14,8 @@ import struct
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from types import SimpleNamespace
+from typing import Any
 
 import psycopg
 import pytest
@@ -20,8 +23,11 @@ import pytest
 from parley_platform import codes
 from parley_platform.errors import ParleyError
 from parley_platform.postgres import Database, Vector, migrate
+from parley_runtime.records import StoredMemory
+from parley_runtime.sdk import NewMemory
 from parley_runtime.store import MIGRATIONS_DIR, SCHEMA, RuntimeStore
 from parley_runtime.turn.embeddings import MAX_TEXTS, MessageEmbeddings
+from parley_runtime.turn.services import Resources, TurnServices
 from support import SessionEnv
 
 DIMS = 8
@@ -68,18 +74,13 @@ async def memories(store: RuntimeStore, n: int) -> tuple[uuid.UUID, list[uuid.UU
     agent_id = uuid.uuid4()
     await store.upsert_agent(agent_id, f"agent-{agent_id.hex[:8]}", {"name": "x"}, True)
     ids = [uuid.uuid4() for _ in range(n)]
-    for i, memory_id in enumerate(ids):
-        await store.remember(
-            agent_id=agent_id,
-            memory_id=memory_id,
-            kind="facts",
-            text=f"fact {i}",
-            room_id=None,
-            entity_id=None,
-            source=None,
-            embedding=None,
-            metadata={},
-        )
+    await store.remember(
+        agent_id=agent_id,
+        room_id=None,
+        entity_id=None,
+        source=None,
+        memories=[StoredMemory(memory_id, "facts", f"fact {i}", None, {}) for i, memory_id in enumerate(ids)],
+    )
     return agent_id, ids
 
 
@@ -250,3 +251,52 @@ async def test_vectors_travel_in_binary_and_arrive_exactly(db: Database, fresh_d
         assert row["v"] == "[1,2]"
     finally:
         await fresh.close()
+
+
+class RememberingStore(RuntimeStore):
+    """The real store, counting its remember statements."""
+
+    statements = 0
+
+    async def remember(self, **kwargs: Any) -> None:
+        self.statements += 1
+        await super().remember(**kwargs)
+
+
+async def test_remember_all_is_one_embedding_call_and_one_statement(db: Database) -> None:
+    """What REFLECTION found in a turn is stored together: the texts in one Embed call, the rows in
+    one statement, each memory once (the same kind and text in a room is one memory)."""
+    store, embed = RememberingStore(db), Embedder()
+    agent_id, _ = await memories(store, 0)
+    store.statements = 0
+    resources = Resources(store, None, SimpleNamespace(embed=embed), None)  # type: ignore[arg-type]
+    message = SimpleNamespace(room_id=None, sender_id=None, source="test")
+    services = TurnServices(resources, SimpleNamespace(id=agent_id), message)  # type: ignore[arg-type]
+    ids = await services.remember_all(
+        [
+            NewMemory("facts", "fact 1", {"source": "reflection"}),
+            NewMemory("facts", "fact 2"),
+            NewMemory("facts", "fact 1", {"source": "reflection"}),
+            NewMemory("reflections", "fact 3"),
+        ]
+    )
+    assert ids[0] == ids[2]
+    assert len(set(ids)) == 3
+    assert (embed.calls, store.statements) == ([["fact 1", "fact 2", "fact 3"]], 1)
+    assert await stored(db, agent_id) == {ids[0]: 1.0, ids[1]: 2.0, ids[3]: 3.0}
+    rows = await db.fetchall(
+        "SELECT id, kind, content ->> 'text' AS text, metadata, source FROM runtime.memory"
+        " WHERE agent_id = %(a)s ORDER BY content ->> 'text'",
+        {"a": agent_id},
+    )
+    assert [(r["id"], r["kind"], r["text"], r["metadata"], r["source"]) for r in rows] == [
+        (ids[0], "facts", "fact 1", {"source": "reflection"}, "test"),
+        (ids[1], "facts", "fact 2", {}, "test"),
+        (ids[3], "reflections", "fact 3", {}, "test"),
+    ]
+    assert services.present == {"facts": True, "reflections": True}
+    # Remembered again, one at a time: the same id, nothing added; nothing to remember costs nothing.
+    assert await services.remember("facts", "fact 2") == ids[1]
+    assert await services.remember_all([]) == []
+    assert len(await stored(db, agent_id)) == 3
+    assert (len(embed.calls), store.statements) == (2, 2)

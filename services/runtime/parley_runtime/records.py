@@ -4,7 +4,7 @@ and nothing else reads a row."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -35,6 +35,17 @@ class NewMessage:
     sender_role: str | None
     reply_to_id: uuid.UUID | None
     origin: str = "user"  # who started the turn: user, continuation or autonomous
+
+
+@dataclass(frozen=True)
+class StoredMemory:
+    """A memory as ``RuntimeStore.remember`` writes it (its room, sender and source are the call's)."""
+
+    id: uuid.UUID
+    kind: str
+    text: str
+    embedding: Sequence[float] | None
+    metadata: Mapping[str, Any]
 
 
 @dataclass(frozen=True)

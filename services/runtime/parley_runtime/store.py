@@ -26,6 +26,7 @@ from .records import (
     NewMessage,
     Row,
     StoredAgent,
+    StoredMemory,
     StoredReply,
     ToolCall,
     TurnRecord,
@@ -252,27 +253,26 @@ class RuntimeStore:
         self,
         *,
         agent_id: uuid.UUID,
-        memory_id: uuid.UUID,
-        kind: str,
-        text: str,
         room_id: uuid.UUID | None,
         entity_id: uuid.UUID | None,
         source: str | None,
-        embedding: Sequence[float] | None,
-        metadata: dict[str, Any],
+        memories: Sequence[StoredMemory],
     ) -> None:
+        """Several memories of one room and sender in one statement."""
+        if not memories:
+            return
         await self.db.execute(
             Q["remember"],
             {
                 "agent_id": agent_id,
-                "id": memory_id,
-                "kind": kind,
-                "content": Jsonb({"text": text}),
                 "room_id": room_id,
                 "entity_id": entity_id,
                 "source": source,
-                "embedding": Vector.of(embedding),
-                "metadata": Jsonb(metadata),
+                "ids": [m.id for m in memories],
+                "kinds": [m.kind for m in memories],
+                "contents": [Jsonb({"text": m.text}) for m in memories],
+                "embeddings": [Vector.of(m.embedding) for m in memories],
+                "metadatas": [Jsonb(dict(m.metadata)) for m in memories],
             },
             what="remember",
         )

@@ -21,7 +21,7 @@ from typing import Any
 
 from .. import templating
 from ..agent_settings import setting_bool, setting_int
-from ..sdk import ActionResult, Evaluator, EvaluatorPrompt, TurnContext
+from ..sdk import ActionResult, Evaluator, EvaluatorPrompt, NewMemory, TurnContext
 from .arguments import json_object
 
 REFLECTION_PROMPT = """# Reflection
@@ -102,8 +102,7 @@ async def _apply(ctx: TurnContext, fields: Mapping[str, str], fell_back: bool) -
     facts = [f.strip() for f in _json_list(fields.get("facts", "")) if isinstance(f, str) and f.strip()]
     relationships = [r for r in _json_list(fields.get("relationships", "")) if isinstance(r, dict)]
     reflection = str(fields.get("reflection") or "").strip()
-    for fact in facts[:MAX_ITEMS]:
-        await ctx.services.remember("facts", fact, metadata={"source": "reflection"})
+    found = [NewMemory("facts", fact, {"source": "reflection"}) for fact in facts[:MAX_ITEMS]]
     people = _entities(ctx)
     related, unknown = 0, 0
     for rel in relationships[:MAX_ITEMS]:
@@ -118,11 +117,11 @@ async def _apply(ctx: TurnContext, fields: Mapping[str, str], fell_back: bool) -
         else:  # someone who is not an entity of this agent: kept as a fact, as said
             unknown += 1
             text = f"{rel.get('source', '?')} is {', '.join(tags)} of {rel.get('target', '?')}"
-            await ctx.services.remember(
-                "facts", text, metadata={"source": "reflection", "relationship": json.dumps(rel)}
-            )
+            found.append(NewMemory("facts", text, {"source": "reflection", "relationship": json.dumps(rel)}))
     if reflection:
-        await ctx.services.remember("reflections", reflection[:2000], metadata={"source": "reflection"})
+        found.append(NewMemory("reflections", reflection[:2000], {"source": "reflection"}))
+    # One embedding call and one statement for everything it found.
+    await ctx.services.remember_all(found)
     return ActionResult(
         True,
         values={

@@ -70,6 +70,15 @@ class KnowledgeHit:
 
 
 @dataclass(frozen=True)
+class NewMemory:
+    """A memory to store with ``RuntimeServices.remember_all``."""
+
+    kind: str
+    text: str
+    metadata: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class MemoryHit:
     id: str
     kind: str
@@ -88,6 +97,11 @@ class RuntimeServices(Protocol):
     async def remember(
         self, kind: str, text: str, *, metadata: Mapping[str, Any] | None = None
     ) -> uuid.UUID: ...
+
+    async def remember_all(self, memories: Sequence[NewMemory]) -> list[uuid.UUID]:
+        """Several memories of the turn's room at once (one embedding call, one statement); their
+        ids, in order. Each is stored once: the same kind and text in the room is the same memory."""
+        ...
 
     async def relate(
         self,

@@ -270,9 +270,11 @@ UPDATE runtime.effect_claim SET result = %(result)s, completed_at = clock_timest
 RETURNING completed_at;
 
 -- remember --
+-- Memories of one room and sender, each with its embedding; one already stored is kept as it is.
 INSERT INTO runtime.memory (agent_id, id, room_id, entity_id, kind, content, source, embedding, metadata)
-VALUES (%(agent_id)s, %(id)s, %(room_id)s, %(entity_id)s, %(kind)s, %(content)s, %(source)s, %(embedding)s::vector,
-        %(metadata)s)
+SELECT %(agent_id)s, m.id, %(room_id)s, %(entity_id)s, m.kind, m.content, %(source)s, m.embedding, m.metadata
+  FROM unnest(%(ids)s::uuid[], %(kinds)s::text[], %(contents)s::jsonb[], %(embeddings)b::vector[],
+              %(metadatas)s::jsonb[]) AS m(id, kind, content, embedding, metadata)
 ON CONFLICT DO NOTHING;
 
 -- set_embeddings --

@@ -14,12 +14,16 @@ from ..documents.domain import Requester
 from ..documents.store import DocumentStore
 from ..names import PRIVATE_ROOMS
 from ..plugins.catalog import describe
-from ..sdk import HistoryLine, KnowledgeHit, MemoryHit, Participant, PendingCall, TurnContext
+from ..records import StoredMemory
+from ..sdk import HistoryLine, KnowledgeHit, MemoryHit, NewMemory, Participant, PendingCall, TurnContext
 from ..store import RuntimeStore
 from .approvals import Approvals
 from .inbound import Inbound
 from .ports import Model
 from .prompt import Segment
+
+# The most texts one Embed call takes (the model gateway's limit).
+EMBED_BATCH = 256
 
 
 @dataclass(frozen=True)
@@ -60,22 +64,32 @@ class TurnServices:
         return [MemoryHit(str(m.id), m.kind, m.text, m.similarity, m.created_at) for m in found]
 
     async def remember(self, kind: str, text: str, *, metadata: Mapping[str, Any] | None = None) -> uuid.UUID:
+        [memory_id] = await self.remember_all([NewMemory(kind, text, metadata)])
+        return memory_id
+
+    async def remember_all(self, memories: Sequence[NewMemory]) -> list[uuid.UUID]:
+        if not memories:
+            return []
         room_id = self.message.room_id
-        memory_id = uuid.uuid5(self.agent.id, f"{kind}:{room_id}:{text}")
-        [vector] = await self.r.model.embed([text], self.agent.id)
+        ids = [uuid.uuid5(self.agent.id, f"{m.kind}:{room_id}:{m.text}") for m in memories]
+        unique = list(dict(zip(ids, memories, strict=True)).items())  # the same memory once
+        vectors: list[list[float]] = []
+        for start in range(0, len(unique), EMBED_BATCH):
+            texts = [m.text for _, m in unique[start : start + EMBED_BATCH]]
+            vectors.extend(await self.r.model.embed(texts, self.agent.id))
         await self.r.store.remember(
             agent_id=self.agent.id,
-            memory_id=memory_id,
-            kind=kind,
-            text=text,
             room_id=room_id,
             entity_id=self.message.sender_id,
             source=self.message.source,
-            embedding=vector,
-            metadata=dict(metadata or {}),
+            memories=[
+                StoredMemory(memory_id, m.kind, m.text, vector, dict(m.metadata or {}))
+                for (memory_id, m), vector in zip(unique, vectors, strict=True)
+            ],
         )
-        self.present[kind] = True
-        return memory_id
+        for m in memories:
+            self.present[m.kind] = True
+        return ids
 
     async def relate(
         self,
