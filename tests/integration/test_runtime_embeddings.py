@@ -300,3 +300,52 @@ async def test_remember_all_is_one_embedding_call_and_one_statement(db: Database
     assert await services.remember_all([]) == []
     assert len(await stored(db, agent_id)) == 3
     assert (len(embed.calls), store.statements) == (2, 2)
+
+
+async def test_an_embedding_the_turn_computed_is_stored_without_another_call(db: Database) -> None:
+    """The message's vector, computed to search with it, is stored as it is: only the reply's text
+    is embedded, in the same batch and statement as the other turns'; a turn whose every vector is
+    known makes no call."""
+    store, embed = CountingStore(db), Embedder()
+    agent_id, ids = await memories(store, 5)
+    embeddings = MessageEmbeddings(store, embed)
+    await asyncio.gather(
+        embeddings.add(agent_id, [(ids[0], "fact 0"), (ids[1], "fact 1")], {ids[0]: vector(50)}),
+        embeddings.add(agent_id, [(ids[2], "fact 2"), (ids[3], "fact 3")]),
+    )
+    assert (embed.calls, store.statements) == ([["fact 1", "fact 2", "fact 3"]], 1)
+    await embeddings.add(agent_id, [(ids[4], "fact 4")], {ids[4]: vector(60)})
+    assert (len(embed.calls), store.statements) == (1, 2)
+    assert await stored(db, agent_id) == {ids[0]: 50.0, ids[1]: 1.0, ids[2]: 2.0, ids[3]: 3.0, ids[4]: 60.0}
+
+
+async def test_a_turn_embeds_a_text_once_however_many_search_with_it(db: Database) -> None:
+    """The facts and the documents providers search with the message at the same time: one call.
+    A failed call is not kept (the next caller asks again); a caller that gives up does not cancel
+    it for the others."""
+    store, embed = RememberingStore(db), Embedder()
+    agent_id, _ = await memories(store, 0)
+    resources = Resources(store, None, SimpleNamespace(embed=embed), None)  # type: ignore[arg-type]
+    message = SimpleNamespace(room_id=None, sender_id=None, source="test")
+    services = TurnServices(resources, SimpleNamespace(id=agent_id), message)  # type: ignore[arg-type]
+    assert services.embedded("fact 4") is None
+    first, second = await asyncio.gather(services.embedding("fact 4"), services.embedding("fact 4"))
+    assert first == second == vector(4)
+    assert embed.calls == [["fact 4"]]
+    assert services.embedded("fact 4") == vector(4)
+    assert await services.embedding("fact 4") == vector(4)
+    assert len(embed.calls) == 1
+
+    with pytest.raises(ParleyError):
+        await services.embedding("too long")
+    assert services.embedded("too long") is None
+    with pytest.raises(ParleyError):
+        await services.embedding("too long")
+    assert embed.calls[1:] == [["too long"], ["too long"]]
+
+    impatient = asyncio.create_task(services.embedding("fact 5"))
+    patient = asyncio.create_task(services.embedding("fact 5"))
+    await asyncio.sleep(0)
+    impatient.cancel()
+    assert await patient == vector(5)
+    assert services.embedded("fact 5") == vector(5)

@@ -1,11 +1,12 @@
 """The message embeddings of a replica's turns, computed and stored in batches.
 
-A turn's message and reply are embedded after its reply, in the background. The turns that hand
-their texts over within one window (``window`` seconds from the first of them; 0: until the event
-loop's next turn) share one embedding call and one statement per agent, instead of a call and a
-statement each: under sequential load that background work competed with the next turn for the
-CPU (about 0.5 ms of a 3.7 ms turn, docs/performance.md). What arrives while a batch is being
-computed and stored goes into the next one.
+A turn's message and reply are embedded after its reply, in the background (the message's
+embedding is the one the turn computed already when it searched memories or documents with it).
+The turns that hand their texts over within one window (``window`` seconds from the first of
+them; 0: until the event loop's next turn) share one embedding call and one statement per agent,
+instead of a call and a statement each: under sequential load that background work competed with
+the next turn for the CPU (about 0.5 ms of a 3.7 ms turn, docs/performance.md). What arrives
+while a batch is being computed and stored goes into the next one.
 
 Each caller awaits its own texts' outcome, so shutdown's drain of the background work still waits
 for the writes. When a shared call or statement fails, every caller's texts are tried again on
@@ -17,21 +18,27 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..store import RuntimeStore
 
 Embed = Callable[[Sequence[str], uuid.UUID], Awaitable[list[list[float]]]]
 Memories = Sequence[tuple[uuid.UUID, str]]  # (memory id, its text)
+Known = Mapping[uuid.UUID, Sequence[float]]  # embeddings computed already, by memory id
 
 MAX_TEXTS = 64  # per embedding call (the gateway takes up to 256)
 
 
 @dataclass
 class _Caller:
-    memories: Memories
+    memories: Memories  # to embed
+    known: Known  # to store as they are
     done: asyncio.Future[None]
+
+    @property
+    def size(self) -> int:
+        return len(self.memories) + len(self.known)
 
 
 @dataclass
@@ -47,17 +54,21 @@ class MessageEmbeddings:
         self._gathering: _Batch | None = None
         self._task: asyncio.Task[None] | None = None
 
-    async def add(self, agent_id: uuid.UUID, memories: Memories) -> None:
-        """Embed and store these memories' texts with whatever other turns hand over meanwhile.
-        Raises what embedding or storing them raised."""
-        memories = [(memory_id, text) for memory_id, text in memories if text.strip()]
-        if not memories:
+    async def add(self, agent_id: uuid.UUID, memories: Memories, known: Known | None = None) -> None:
+        """Embed and store these memories' texts with whatever other turns hand over meanwhile;
+        the ones in ``known`` (the turn computed them: the message's, to search with it) are stored
+        as they are. Raises what embedding or storing them raised."""
+        known = dict(known or {})
+        memories = [
+            (memory_id, text) for memory_id, text in memories if text.strip() and memory_id not in known
+        ]
+        if not memories and not known:
             return
         if self._gathering is None:
             self._gathering = _Batch()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.add_done_callback(_retrieved)
-        self._gathering.callers.setdefault(agent_id, []).append(_Caller(memories, done))
+        self._gathering.callers.setdefault(agent_id, []).append(_Caller(memories, known, done))
         if self._task is None:
             self._task = asyncio.ensure_future(self._run())
         await asyncio.shield(done)
@@ -82,7 +93,11 @@ class MessageEmbeddings:
 
     async def _store(self, agent_id: uuid.UUID, callers: list[_Caller]) -> None:
         try:
-            await self._embed_and_store(agent_id, [m for caller in callers for m in caller.memories])
+            await self._embed_and_store(
+                agent_id,
+                [m for caller in callers for m in caller.memories],
+                {k: v for caller in callers for k, v in caller.known.items()},
+            )
         except asyncio.CancelledError:
             for caller in callers:
                 caller.done.cancel()
@@ -93,7 +108,7 @@ class MessageEmbeddings:
                 return
             for caller in callers:  # only the callers whose texts fail on their own hear it
                 try:
-                    await self._embed_and_store(agent_id, caller.memories)
+                    await self._embed_and_store(agent_id, caller.memories, caller.known)
                 except asyncio.CancelledError:
                     caller.done.cancel()
                     raise
@@ -105,10 +120,14 @@ class MessageEmbeddings:
         for caller in callers:
             _settle(caller, None)
 
-    async def _embed_and_store(self, agent_id: uuid.UUID, memories: Memories) -> None:
-        vectors = await self.embed([text for _, text in memories], agent_id)
+    async def _embed_and_store(self, agent_id: uuid.UUID, memories: Memories, known: Known) -> None:
+        vectors = await self.embed([text for _, text in memories], agent_id) if memories else []
         await self.store.set_embeddings(
-            agent_id, [(memory_id, vector) for (memory_id, _), vector in zip(memories, vectors, strict=True)]
+            agent_id,
+            [
+                *((memory_id, vector) for (memory_id, _), vector in zip(memories, vectors, strict=True)),
+                *known.items(),
+            ],
         )
 
 
@@ -117,11 +136,11 @@ def _chunks(callers: list[_Caller]) -> list[list[_Caller]]:
     chunks: list[list[_Caller]] = []
     size = 0
     for caller in callers:
-        if not chunks or size + len(caller.memories) > MAX_TEXTS:
+        if not chunks or size + caller.size > MAX_TEXTS:
             chunks.append([])
             size = 0
         chunks[-1].append(caller)
-        size += len(caller.memories)
+        size += caller.size
     return chunks
 
 

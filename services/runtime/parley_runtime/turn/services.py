@@ -3,6 +3,8 @@ scoped to the turn's agent, room and sender; and building the ``TurnContext`` th
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +47,9 @@ class TurnServices:
         # What the turn's ingest statement already read: whether the agent has memories of a kind
         # (``facts``) and ``documents``. Absent: ask the database when it matters.
         self.present: dict[str, bool] = {}
+        # The embeddings this turn asked for, by text: the message's is asked for once, whether
+        # facts, documents or both are searched with it, and is stored as the message's own.
+        self._embeddings: dict[str, asyncio.Future[list[float]]] = {}
 
     def _context(self) -> TurnContext:
         assert self.ctx is not None
@@ -53,13 +58,40 @@ class TurnServices:
     async def set_room_state(self, state: str | None, *, mute_until: datetime | None = None) -> None:
         await self.r.store.set_room_state(self.agent.id, self.message.room_id, state, mute_until)
 
+    async def embedding(self, text: str) -> list[float]:
+        """``text``'s embedding, computed once in the turn however many ask for it (a failure is
+        not kept: the next caller asks again)."""
+        future = self._embeddings.get(text)
+        if future is None:
+            future = asyncio.ensure_future(self._embed_one(text))
+            self._embeddings[text] = future
+            future.add_done_callback(functools.partial(self._embedded, text))
+        # Shielded: a caller that gives up (a provider's timeout) does not cancel it for the others.
+        return await asyncio.shield(future)
+
+    async def _embed_one(self, text: str) -> list[float]:
+        [vector] = await self.r.model.embed([text], self.agent.id)
+        return vector
+
+    def _embedded(self, text: str, future: asyncio.Future[list[float]]) -> None:
+        failed = future.cancelled() or future.exception() is not None
+        if failed and self._embeddings.get(text) is future:
+            del self._embeddings[text]
+
+    def embedded(self, text: str) -> list[float] | None:
+        """``text``'s embedding if the turn has computed it already."""
+        future = self._embeddings.get(text)
+        if future is None or not future.done() or future.cancelled() or future.exception() is not None:
+            return None
+        return future.result()
+
     async def search_memories(self, text: str, *, kind: str = "facts", limit: int = 5) -> list[MemoryHit]:
         present = self.present.get(kind)
         if present is None:
             present = await self.r.store.has_memories(self.agent.id, kind)
         if not present:
             return []
-        [vector] = await self.r.model.embed([text], self.agent.id)
+        vector = await self.embedding(text)
         found = await self.r.store.search_memories(self.agent.id, vector, kind=kind, limit=limit)
         return [MemoryHit(str(m.id), m.kind, m.text, m.similarity, m.created_at) for m in found]
 
@@ -127,7 +159,7 @@ class TurnServices:
             present = await documents.has_documents(self.agent.id)
         if not present:
             return []
-        [vector] = await self.r.model.embed([text], self.agent.id)
+        vector = await self.embedding(text)
         # As the sender: the rules of their roles apply inside the search's SQL. In a room of one
         # person with the agent, that is everything they may read; in a shared room only the room's
         # global documents, so nothing private to one participant is quoted to the others.

@@ -18,6 +18,7 @@ from ..embeddings import MessageEmbeddings
 from ..evaluation import Evaluations
 from ..pipeline import Stage, Stop
 from ..ports import Model
+from ..services import TurnServices
 from ..state import Turn
 
 log = get_logger(__name__)
@@ -84,8 +85,10 @@ class AfterReply(Stage):
         memories = [(turn.id, turn.message.text)] + [
             (ids.response_id(turn.id, i), r.text) for i, r in enumerate(turn.replies)
         ]
+        services = turn.ctx.services
+        searched = services.embedded(turn.message.text) if isinstance(services, TurnServices) else None
         try:
-            await self.embeddings.add(turn.agent.id, memories)
+            await self.embeddings.add(turn.agent.id, memories, {turn.id: searched} if searched else None)
         except ParleyError as exc:
             log.warning(
                 "message embeddings failed", agent_id=str(turn.agent.id), turn_id=str(turn.id), error=str(exc)
