@@ -265,7 +265,8 @@ async def test_a_drain_whose_lease_expired_is_taken_over_and_its_late_finish_cha
         assert await first.batcher.add(section(name))
     # A drain that claimed the lease and both sections, then went silent (its replica died).
     dead = await first.batcher.store.claim_drain("default", "replica-0", 30)
-    assert dead is not None and sorted(s.id for s in dead.sections) == ["x", "y"]
+    assert dead is not None
+    assert sorted(s.id for s in dead.sections) == ["x", "y"]
     assert await second.batcher.store.claim_drain("default", "replica-1", 30) is None  # its lease is live
     async with await psycopg.AsyncConnection.connect(fresh_database, autocommit=True) as conn:
         await conn.execute(
