@@ -16,7 +16,9 @@ from nats.aio.msg import Msg
 from parley.v1 import common_pb2, scheduler_pb2
 from parley_platform.bus import Bus
 from parley_platform.errors import InvalidArgument
+from parley_platform.permissions import MAX_BATCH_RUNS
 from parley_platform.worker import (
+    BATCH_HEADER,
     PROBE_HEADER,
     STATUS,
     Lease,
@@ -219,3 +221,81 @@ def test_worker_names_must_be_subject_tokens() -> None:
 
     with pytest.raises(InvalidArgument):
         workers.add("OK_NAME", other)
+
+
+def batch(*runs: bytes) -> bytes:
+    return scheduler_pb2.RunTaskBatch(
+        runs=[scheduler_pb2.RunTaskRequest.FromString(run) for run in runs]
+    ).SerializeToString()
+
+
+async def test_a_batch_of_runs_is_answered_run_by_run_as_they_end(worker_bus: Bus) -> None:
+    release = asyncio.Event()
+    workers = Workers()
+
+    @workers.worker("QUICK")
+    async def quick(task: Task, lease: Lease) -> TaskResult:
+        return TaskResult(next_interval_ms=float(task.values["n"]))
+
+    @workers.worker("HELD")
+    async def held(task: Task, lease: Lease) -> None:
+        await release.wait()
+
+    @workers.worker("FAILS")
+    async def fails(task: Task, lease: Lease) -> None:
+        raise TaskFailed("upstream down")
+
+    def run(name: str, n: int) -> bytes:
+        one = scheduler_pb2.RunTaskRequest.FromString(request(name))
+        one.task.metadata.values.update({"n": n})
+        return one.SerializeToString()
+
+    replies: asyncio.Queue[Msg] = asyncio.Queue()
+
+    async def collect(msg: Msg) -> None:
+        await replies.put(msg)
+
+    nc = worker_bus.nc
+    inbox = nc.new_inbox()
+    await nc.subscribe(inbox, cb=collect)
+    host = WorkerHost(worker_bus, service="test", workers=workers)
+    await host.start()
+    try:
+        # One request, five runs: three quick ones, one held until released, one of a name this
+        # host does not serve (every name of a batch is the subject's in practice; the task's
+        # name decides which handler runs, as for a single run).
+        payload = batch(run("QUICK", 1), run("HELD", 2), run("QUICK", 3), run("FAILS", 4), run("NOBODY", 5))
+        await nc.publish(
+            run_subject(worker_bus.subjects, "QUICK"), payload, reply=inbox, headers={BATCH_HEADER: "5"}
+        )
+        answered: dict[int, scheduler_pb2.RunTaskReply] = {}
+        messages = 0
+        while len(answered) < 4:
+            msg = await asyncio.wait_for(replies.get(), 5)
+            assert (msg.headers or {}).get(STATUS) == "ok"
+            messages += 1
+            for reply in scheduler_pb2.RunTaskReplies.FromString(msg.data).replies:
+                assert reply.index not in answered, "each run is answered once"
+                answered[reply.index] = reply
+        assert sorted(answered) == [0, 2, 3, 4], "the held run holds up no other"
+        assert messages < 4, "runs that end together share a message"
+        assert answered[0].response.next_interval_ms == 1
+        assert answered[2].response.next_interval_ms == 3
+        assert (answered[3].response.failed, answered[3].response.error) == (True, "upstream down")
+        assert answered[4].error.code == "WORKER_UNKNOWN"
+        release.set()
+        last = scheduler_pb2.RunTaskReplies.FromString((await asyncio.wait_for(replies.get(), 5)).data)
+        assert [(r.index, r.response.failed) for r in last.replies] == [(1, False)]
+
+        # A batch that does not decode, or holds too many runs, is refused once, as a whole.
+        for bad in (b"\xff\x00garbage", batch(*[run("QUICK", i) for i in range(MAX_BATCH_RUNS + 1)])):
+            await nc.publish(
+                run_subject(worker_bus.subjects, "QUICK"), bad, reply=inbox, headers={BATCH_HEADER: "1"}
+            )
+            refused = await asyncio.wait_for(replies.get(), 5)
+            assert (refused.headers or {}).get(STATUS) == "error"
+            assert common_pb2.Error.FromString(refused.data).code == "INVALID_PAYLOAD"
+        await asyncio.sleep(0.2)
+        assert replies.empty(), "nothing of a refused batch ran"
+    finally:
+        await host.stop(timeout=2)

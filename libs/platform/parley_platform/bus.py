@@ -469,6 +469,8 @@ class Inbox:
         self.bus = bus
         self._prefix = ""
         self._waiting: dict[str, asyncio.Future[Any]] = {}
+        # Requests answered more than once: each reply goes to the callback until it is closed.
+        self._listening: dict[str, Callable[[Any], None]] = {}
         self._next = 0
         self._sub: Any = None
 
@@ -489,6 +491,9 @@ class Inbox:
             if not future.done():
                 future.set_exception(codes.NATS_UNAVAILABLE("the inbox closed before the reply came"))
         self._waiting.clear()
+        listening, self._listening = list(self._listening.values()), {}
+        for on_reply in listening:
+            on_reply(codes.NATS_UNAVAILABLE("the inbox closed before the replies came"))
 
     async def request(
         self, subject: str, payload: bytes, *, headers: dict[str, str] | None = None
@@ -511,9 +516,46 @@ class Inbox:
             raise
         return future
 
+    async def listen(
+        self,
+        subject: str,
+        payload: bytes,
+        on_reply: Callable[[Any], None],
+        *,
+        headers: dict[str, str] | None = None,
+    ) -> Callable[[], None]:
+        """Publish a request that may be answered several times: ``on_reply`` gets each reply (a
+        nats ``Msg``), or a ``ParleyError`` (``NO_RESPONDERS``; ``NATS_UNAVAILABLE`` when the inbox
+        closes), until the returned function is called. Bounding the wait is the caller's."""
+        assert self._sub is not None, "start the inbox first"
+        self._next += 1
+        token = str(self._next)
+        self._listening[token] = on_reply
+        try:
+            await self.bus.nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
+        except BaseException as exc:  # not sent (or the caller cancelled): nothing is left listening
+            del self._listening[token]
+            if isinstance(exc, nats.errors.Error):
+                raise _translate(exc, f"request {subject}") from exc
+            raise
+
+        def close() -> None:
+            self._listening.pop(token, None)
+
+        return close
+
     async def _on_reply(self, msg: Any) -> None:
-        future = self._waiting.pop(msg.subject[len(self._prefix) :], None)
-        if future is None or future.done():
+        token = msg.subject[len(self._prefix) :]
+        future = self._waiting.pop(token, None)
+        if future is None:
+            on_reply = self._listening.get(token)
+            if on_reply is not None:
+                if msg.headers and msg.headers.get("Status") == NO_RESPONDERS_STATUS:
+                    on_reply(codes.NO_RESPONDERS("nobody serves the request's subject"))
+                else:
+                    on_reply(msg)
+            return
+        if future.done():
             return
         if msg.headers and msg.headers.get("Status") == NO_RESPONDERS_STATUS:
             future.set_exception(codes.NO_RESPONDERS("nobody serves the request's subject"))

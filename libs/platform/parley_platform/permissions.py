@@ -54,16 +54,19 @@ def stream_inbox(identity: str) -> str:
 class Permissions:
     publish: tuple[str, ...] = ()
     subscribe: tuple[str, ...] = ()
-    # Answer requests it received (its reply subjects), without a publish permission on them.
-    responses: bool = False
+    # How many times it may answer each request it received (on the request's reply subject),
+    # without a publish permission on it: 0 never, 1 once.
+    responses: int = 0
 
     def to_config(self) -> dict[str, object]:
         config: dict[str, object] = {
             "publish": {"allow": list(self.publish)},
             "subscribe": {"allow": list(self.subscribe)},
         }
-        if self.responses:
+        if self.responses == 1:
             config["allow_responses"] = True
+        elif self.responses > 1:
+            config["allow_responses"] = {"max": self.responses}
         return config
 
 
@@ -76,13 +79,23 @@ class Identity:
 
 
 def _service(
-    name: str, *, serves: str, publish: Iterable[str] = (), subscribe: Iterable[str] = ()
+    name: str,
+    *,
+    serves: str,
+    publish: Iterable[str] = (),
+    subscribe: Iterable[str] = (),
+    responses: int = 1,
 ) -> Permissions:
     return Permissions(
         publish=tuple(publish),
         subscribe=(f"{NS}.{serves}.>", f"{inbox_prefix(name)}.>", *subscribe),
-        responses=True,
+        responses=responses,
     )
+
+
+# The most runs the scheduler sends a worker in one request (``parley_platform.worker``): a
+# service that hosts workers answers each request up to this many times, a batch's runs as they end.
+MAX_BATCH_RUNS = 64
 
 
 WORKER_HEARTBEAT = f"{NS}.scheduler.heartbeat.*"
@@ -139,6 +152,7 @@ IDENTITIES: dict[str, Identity] = {
                 f"{NS}.model.batcher.result.>",
                 MAX_DELIVERIES,
             ],
+            responses=MAX_BATCH_RUNS,
         ),
         "agent turns: consumes inbound messages, publishes replies and events, calls the others",
     ),
@@ -157,6 +171,7 @@ IDENTITIES: dict[str, Identity] = {
                 WORKER_HEARTBEAT,
             ],
             subscribe=[f"{NS}.tasks.run.BATCHER_DRAIN"],
+            responses=MAX_BATCH_RUNS,
         ),
         "the model gateway: serves model calls, runs the batcher's drains",
     ),

@@ -28,6 +28,11 @@ the lease that the run goes on, so long work keeps its lease. If the scheduler
 answers that the lease is lost (the task was deleted, or another attempt took
 it over), the handler is cancelled and nothing is reported: a late result would
 be rejected anyway.
+
+The scheduler sends the runs of one worker name that it dispatches together as
+one batch (``RunTaskBatch``, header ``Parley-Batch``); the host runs each on its
+own and answers them as they end, those that end together in one message. A
+request of one run (``RunTaskRequest``) is served too.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import asyncio
 import contextlib
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -57,6 +62,7 @@ from .deadlines import Deadlines
 from .errors import ParleyError
 from .logging import get_logger
 from .metrics import LATENCY_BUCKETS
+from .permissions import MAX_BATCH_RUNS  # a batch's most runs, as many as a worker may answer
 from .rpc import RpcClient
 
 log = get_logger(__name__)
@@ -65,6 +71,8 @@ QUEUE_GROUP = "tasks"
 PROBE_HEADER = "Parley-Probe"
 # A worker's reply says ok or error (a parley.v1.Error) in this header.
 STATUS = "Parley-Status"
+# A request carrying a RunTaskBatch (several runs) instead of one RunTaskRequest.
+BATCH_HEADER = "Parley-Batch"
 MAX_ERROR_CHARS = 2000
 
 
@@ -254,12 +262,34 @@ class WorkerHost:
                 return
 
     async def _on_message(self, msg: Msg) -> None:
-        # Callbacks of one subscription run one at a time: start the run and return, so the
+        # Callbacks of one subscription run one at a time: start the runs and return, so the
         # heartbeat of a run waiting for a free slot starts at once too.
-        if (msg.headers or {}).get(PROBE_HEADER):
+        headers = msg.headers or {}
+        if headers.get(PROBE_HEADER):
             await self._respond(msg, b"", "ok")
             return
-        run = asyncio.create_task(self._serve(msg))
+        if not headers.get(BATCH_HEADER):
+            self._start(self._serve(msg))
+            return
+        try:
+            batch = scheduler_pb2.RunTaskBatch.FromString(msg.data)
+        except DecodeError:
+            error = codes.INVALID_PAYLOAD("the request is not a RunTaskBatch")
+            await self._respond(msg, error.to_proto().SerializeToString(), "error")
+            return
+        if len(batch.runs) > MAX_BATCH_RUNS:
+            error = codes.INVALID_PAYLOAD(
+                f"a batch holds at most {MAX_BATCH_RUNS} runs, not {len(batch.runs)}"
+            )
+            await self._respond(msg, error.to_proto().SerializeToString(), "error")
+            return
+        replies = _Replies(self.bus, msg.reply, spawn=self._start)
+        default = msg.subject.rsplit(".", 1)[-1]
+        for index, request in enumerate(batch.runs):
+            self._start(self._serve_in_batch(replies, index, request, default))
+
+    def _start(self, coro: Coroutine[Any, Any, None]) -> None:
+        run = asyncio.create_task(coro)
         self._runs.add(run)
         run.add_done_callback(self._runs.discard)
 
@@ -269,18 +299,35 @@ class WorkerHost:
                 await self.bus.nc.publish(msg.reply, data, headers={STATUS: status})
 
     async def _serve(self, msg: Msg) -> None:
+        """A request of one run: answered with its ``RunTaskResponse`` or a ``parley.v1.Error``."""
         try:
             request = scheduler_pb2.RunTaskRequest.FromString(msg.data)
         except DecodeError:
             error = codes.INVALID_PAYLOAD("the request is not a RunTaskRequest")
             await self._respond(msg, error.to_proto().SerializeToString(), "error")
             return
-        name = request.task.name or msg.subject.rsplit(".", 1)[-1]
+        outcome = await self._execute(request, msg.subject.rsplit(".", 1)[-1])
+        if isinstance(outcome, ParleyError):
+            await self._respond(msg, outcome.to_proto().SerializeToString(), "error")
+        elif outcome is not None:
+            await self._respond(msg, outcome.SerializeToString(), "ok")
+
+    async def _serve_in_batch(
+        self, replies: _Replies, index: int, request: scheduler_pb2.RunTaskRequest, default: str
+    ) -> None:
+        outcome = await self._execute(request, default)
+        if outcome is not None:
+            replies.add(index, outcome)
+
+    async def _execute(
+        self, request: scheduler_pb2.RunTaskRequest, default: str
+    ) -> scheduler_pb2.RunTaskResponse | ParleyError | None:
+        """Run one task: its response, an error when it cannot run here, or None when its lease was
+        lost (nothing is reported: a late result would be rejected anyway)."""
+        name = request.task.name or default
         handler = self.workers.get(name)
         if handler is None:
-            error = codes.WORKER_UNKNOWN(f"this service has no worker {name!r}")
-            await self._respond(msg, error.to_proto().SerializeToString(), "error")
-            return
+            return codes.WORKER_UNKNOWN(f"this service has no worker {name!r}")
         lease = Lease(
             token=request.lease.token,
             owner=request.lease.owner,
@@ -314,7 +361,7 @@ class WorkerHost:
             log.warning("task lease lost, run abandoned", worker=name, task_id=request.task.id)
             if self.metrics:
                 self.metrics.runs.labels(name, "lost").inc()
-            return
+            return None
         except TaskFailed as exc:
             outcome = "failed"
             response.failed, response.error = True, _clip(exc.message)
@@ -345,7 +392,7 @@ class WorkerHost:
                 self.metrics.duration.labels(name).observe(time.perf_counter() - started)
         if self.metrics:
             self.metrics.runs.labels(name, outcome).inc()
-        await self._respond(msg, response.SerializeToString(), "ok")
+        return response
 
     async def _run(self, handler: Handler, task: Task, lease: Lease) -> TaskResult | None:
         if lease.deadline is None:
@@ -394,6 +441,38 @@ class WorkerHost:
                 run.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=1)
+
+
+class _Replies:
+    """The replies of one batch: the runs that end in the same turn of the event loop are answered
+    in one message on the batch's reply subject."""
+
+    def __init__(self, bus: Bus, subject: str, *, spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
+        self.bus = bus
+        self.subject = subject
+        self.spawn = spawn  # the host's: stopping waits for the replies being sent
+        self._pending: scheduler_pb2.RunTaskReplies | None = None
+
+    def add(self, index: int, outcome: scheduler_pb2.RunTaskResponse | ParleyError) -> None:
+        if not self.subject:
+            return
+        if self._pending is None:
+            self._pending = scheduler_pb2.RunTaskReplies()
+            asyncio.get_running_loop().call_soon(self._send)
+        reply = self._pending.replies.add(index=index)
+        if isinstance(outcome, ParleyError):
+            reply.error.CopyFrom(outcome.to_proto())
+        else:
+            reply.response.CopyFrom(outcome)
+
+    def _send(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self.spawn(self._publish(pending.SerializeToString()))
+
+    async def _publish(self, data: bytes) -> None:
+        with contextlib.suppress(nats.errors.Error):
+            await self.bus.nc.publish(self.subject, data, headers={STATUS: "ok"})
 
 
 def _clip(text: str) -> str:

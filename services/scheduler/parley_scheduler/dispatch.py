@@ -1,6 +1,7 @@
 """One run, from its claim to its outcome: dispatch to the worker, heartbeats, the completion.
 
-Each claimed task is dispatched as a NATS request to its worker, with the lease token and a deadline.
+Each claimed task is dispatched as a NATS request to its worker, with the lease token and a deadline
+(the runs of a claim together, one request per worker name: ``batches``).
 The worker heartbeats to this replica, which extends the lease; a worker silent for a whole lease
 gives the lease up, so the slot is claimed again as the next attempt. A non-blocking task's claimer
 sets the task's next slot before it dispatches the run, so the next slot is claimed when it comes
@@ -32,9 +33,10 @@ from parley_platform.convert import datetime_of, timestamp
 from parley_platform.errors import ParleyError
 from parley_platform.logging import get_logger
 from parley_platform.retry import Backoff, retrying
-from parley_platform.worker import STATUS, run_subject
+from parley_platform.worker import run_subject
 
 from . import domain, rules
+from .batches import Reply, RunBatches
 from .completer import Completer
 from .config import EngineConfig
 from .convert import lease_to_proto, task_to_proto
@@ -69,7 +71,7 @@ class Inflight:
     deadline: float  # loop time: the worker must be heard of before this (a heartbeat moves it)
     gives_up_at: float  # loop time: the run's own timeout and the margin for its reply
     lost: bool = False
-    reply: asyncio.Future[Msg] | None = None
+    reply: asyncio.Future[Reply] | None = None
 
     def fail(self, reason: str) -> None:
         """Stop waiting for the worker's reply: its fate is unknown."""
@@ -101,6 +103,7 @@ class Dispatcher:
         self.completer = Completer(store)
         self.inflight: dict[int, Inflight] = {}  # by lease token: runs of one task may overlap
         self.inbox = Inbox(bus)
+        self.batches = RunBatches(self.inbox)
         self._watching: asyncio.TimerHandle | None = None
         self.heartbeat_subject = f"{bus.subjects.ns}.scheduler.heartbeat.{secrets.token_hex(8)}"
         self.extending: set[asyncio.Task[None]] = set()
@@ -213,9 +216,9 @@ class Dispatcher:
         cfg = self.config
         timeout_ms = state.schedule.timeout_ms or cfg.timeout_ms
         deadline = claimed.db_now + timedelta(milliseconds=timeout_ms)
-        request = scheduler_pb2.RunTaskRequest(
-            heartbeat_subject=self.heartbeat_subject, lease_ms=float(cfg.lease_ms)
-        )
+        request, reply_to = self.batches.add(run_subject(self.bus.subjects, state.name))
+        request.heartbeat_subject = self.heartbeat_subject
+        request.lease_ms = float(cfg.lease_ms)
         task_to_proto(claimed.task, out=request.task)
         lease_to_proto(claimed.lease, claimed.attempt, deadline, out=request.lease)
         key = claimed.token
@@ -225,15 +228,13 @@ class Dispatcher:
             claimed.token,
             deadline=now + cfg.lease_ms / 1000,
             gives_up_at=now + timeout_ms / 1000 + REPLY_MARGIN_SECONDS,
+            reply=reply_to,
         )
         self.inflight[key] = entry
         sent = time.perf_counter()
         try:
-            entry.reply = await self.inbox.request(
-                run_subject(self.bus.subjects, state.name), request.SerializeToString()
-            )
             self._watch()
-            reply = await entry.reply
+            reply = await reply_to
         except ParleyError as exc:
             if not codes.NO_RESPONDERS.matches(exc):
                 return None, await self._uncertain(claimed, entry, exc, report)
@@ -271,17 +272,10 @@ class Dispatcher:
         if self.inflight:
             self._watch()
 
-    def _outcome(self, claimed: Claimed, reply: Msg) -> tuple[Decision, str]:
+    def _outcome(self, claimed: Claimed, result: Reply) -> tuple[Decision, str]:
         """What the worker's reply decides, and the error it reported ("" for a success)."""
-        status = (reply.headers or {}).get(STATUS)
-        try:
-            if status == "error":
-                envelope = common_pb2.Error.FromString(reply.data)
-                error = f"{envelope.code}: {envelope.message}"
-                return self._failed(claimed.db_now, error, None), error
-            result = scheduler_pb2.RunTaskResponse.FromString(reply.data)
-        except DecodeError:
-            error = "the worker's reply does not decode"
+        if isinstance(result, common_pb2.Error):
+            error = f"{result.code}: {result.message}"
             return self._failed(claimed.db_now, error, None), error
         now = claimed.now()
         if result.failed:

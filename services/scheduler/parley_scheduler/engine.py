@@ -82,6 +82,7 @@ class Engine:
         self._loops: list[asyncio.Task[None]] = []
         self._runs: set[asyncio.Task[Any]] = set()
         self._listening = False
+        metrics.watch_inflight(lambda: self._busy)
 
     # --- life cycle -------------------------------------------------------------------------
 
@@ -124,11 +125,9 @@ class Engine:
 
     def _occupy(self) -> None:
         self._busy += 1
-        self.metrics.inflight.set(self._busy)
 
     def _vacate(self) -> None:
         self._busy -= 1
-        self.metrics.inflight.set(self._busy)
         self._slot_freed.set()
 
     # --- the claim loop ---------------------------------------------------------------------

@@ -559,6 +559,88 @@ class RunTaskResponse(_message.Message):
 Global___RunTaskResponse: _TypeAlias = RunTaskResponse  # noqa: Y015
 
 @_typing.final
+class RunTaskBatch(_message.Message):
+    """Several runs of one worker name in one request on <ns>.tasks.run.<name>, marked
+    by the header Parley-Batch (at most 64 runs). The worker answers on the request's
+    reply subject with RunTaskReplies as runs end (runs that end together share one
+    message), so a batch gets at most as many replies as it has runs. A batch that
+    does not decode is answered once with a parley.v1.Error (header Parley-Status:
+    error), which fails all of its runs.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunTaskRequest]: ...
+    def __init__(
+        self,
+        *,
+        runs: _abc.Iterable[Global___RunTaskRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["runs", b"runs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunTaskBatch: _TypeAlias = RunTaskBatch  # noqa: Y015
+
+@_typing.final
+class RunTaskReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """the run's place in its batch"""
+    @_builtins.property
+    def response(self) -> Global___RunTaskResponse:
+        """the handler ran (failed or not)"""
+
+    @_builtins.property
+    def error(self) -> _common_pb2.Error:
+        """the run could not start (an unknown worker name)"""
+
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        response: Global___RunTaskResponse | None = ...,
+        error: _common_pb2.Error | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "index", b"index", "outcome", b"outcome", "response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["response", "error"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
+
+Global___RunTaskReply: _TypeAlias = RunTaskReply  # noqa: Y015
+
+@_typing.final
+class RunTaskReplies(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPLIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def replies(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunTaskReply]: ...
+    def __init__(
+        self,
+        *,
+        replies: _abc.Iterable[Global___RunTaskReply] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["replies", b"replies"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunTaskReplies: _TypeAlias = RunTaskReplies  # noqa: Y015
+
+@_typing.final
 class TaskHeartbeat(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
