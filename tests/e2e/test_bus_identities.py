@@ -10,10 +10,12 @@ revocation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import nats
 import nats.errors
@@ -154,6 +156,7 @@ PUBLISH = {
     "{ns}.model.stream.x": {"runtime", "operator"},
     "_INBOX.runtime.stream.x": {"model", "operator"},
     "_INBOX.runtime.x": {"operator"},
+    "_INBOX.scheduler.x": {"operator"},
     "{ns}.runtime.CancelTurn": {"operator"},
     "{ns}.runtime.turns.cancel": {"runtime", "operator"},
     "{ns}.stream.{a}.{s}": {"runtime", "operator"},
@@ -256,6 +259,44 @@ async def test_every_identity_can_do_exactly_its_role(bus: Bus) -> None:
             await probe.close()
     assert checked == len(IDENTITIES) * (len(PUBLISH) + len(SUBSCRIBE))
     assert wrong == []
+
+
+async def test_only_the_worker_hosts_may_answer_a_request_more_than_once(bus: Bus) -> None:
+    """The scheduler sends up to 64 runs in one request and a worker host answers each run on its
+    reply subject as it ends; every other service answers a request once."""
+    operator = await connect(bus.env.url_for("operator"))
+    assert operator.nc is not None
+    # Each answers on a subject of its own that no running service serves (so every answer counted
+    # is the probe's).
+    serving = {name: f"{bus.ns}.{name}.ProbeAnswers" for name in ("runtime", "model", "authz", "scheduler")}
+    answered: dict[str, int] = {}
+    try:
+        for name, subject in serving.items():
+            probe = await connect(bus.env.url_for(name))
+            assert probe.nc is not None
+            try:
+
+                async def answer_three_times(msg: Any, nc: Client = probe.nc) -> None:
+                    for i in range(3):
+                        await nc.publish(msg.reply, f"answer {i}".encode())
+
+                await probe.nc.subscribe(subject, queue="probe", cb=answer_three_times)
+                await probe.nc.flush()
+                inbox = f"_INBOX.operator.{secrets.token_hex(6)}"
+                replies = await operator.nc.subscribe(inbox)
+                await operator.nc.publish(subject, b"request", reply=inbox)
+                got = []
+                with contextlib.suppress(TimeoutError):
+                    while True:  # until none has come for a second
+                        got.append((await replies.next_msg(timeout=1.0)).data)
+                assert got == [f"answer {i}".encode() for i in range(len(got))]
+                answered[name] = len(got)
+                await replies.unsubscribe()
+            finally:
+                await probe.close()
+    finally:
+        await operator.close()
+    assert answered == {"runtime": 3, "model": 3, "authz": 1, "scheduler": 1}
 
 
 async def test_a_wrong_password_is_refused_for_services_and_connectors(bus: Bus) -> None:
