@@ -86,9 +86,29 @@ def _json_list(text: str) -> list[Any]:
     try:
         value = json.loads(text or "[]")
     except json.JSONDecodeError:
+        if text.lstrip().startswith("["):
+            return _complete_items(text)
         # A model that wrote one item per line instead of JSON still said something.
         return [line.strip("-• ").strip() for line in text.splitlines() if line.strip("-• ").strip()]
     return value if isinstance(value, list) else []
+
+
+def _complete_items(text: str) -> list[Any]:
+    """The whole items of a JSON array cut short (a model that ran out of tokens): the last one,
+    cut in the middle, is dropped rather than kept as a fact that ends mid-word."""
+    decoder = json.JSONDecoder()
+    items: list[Any] = []
+    at = text.index("[") + 1
+    while True:
+        while at < len(text) and text[at] in " \t\r\n,":
+            at += 1
+        if at >= len(text) or text[at] == "]":
+            return items
+        try:
+            item, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            return items
+        items.append(item)
 
 
 def _entities(ctx: TurnContext) -> dict[str, str]:
