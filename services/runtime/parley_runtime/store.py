@@ -14,7 +14,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from parley.v1 import runtime_pb2
-from parley_platform.postgres import Database, Vector, load_queries
+from parley_platform.postgres import Database, Vector, load_queries, pipeline
 
 from .names import ROOM_TYPES
 from .records import (
@@ -90,7 +90,7 @@ class RuntimeStore:
             # (implicit) transaction, so the room's lock is held until the ingest has committed,
             # with one Sync and no BEGIN or COMMIT of their own. Each statement has its own snapshot:
             # the ingest sees every ingest of the room that held the lock before it.
-            async with conn.pipeline():
+            async with pipeline(conn):
                 await conn.execute(
                     Q["lock_room"], {"lock_key": f"{message.agent_id}:{message.room_id}"}, prepare=True
                 )
