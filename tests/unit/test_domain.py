@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from parley.v1 import model_pb2, runtime_pb2
-from parley_gateway.api import to_call
+from parley_gateway.api import MAX_PROMPT_CHARS, to_call
 from parley_gateway.provider import ProviderRequest, Segment
 from parley_gateway.scripted import Rule, ScriptedProvider, load_rules
 from parley_platform.consumer import Poison
@@ -173,9 +173,9 @@ def test_scripted_rule_files_are_validated(tmp_path: Path) -> None:
         ),
         (
             model_pb2.GenerateRequest(
-                model_type=model_pb2.MODEL_TYPE_TEXT_SMALL, segments=[model_pb2.PromptSegment(content="a")]
+                model_type=model_pb2.MODEL_TYPE_TEXT_SMALL, segments=[model_pb2.PromptSegment(content="")]
             ),
-            "PROMPT_SEGMENTS_MISMATCH",
+            "PROMPT_REQUIRED",
         ),
         (
             model_pb2.GenerateRequest(
@@ -232,6 +232,31 @@ def test_a_valid_request_becomes_the_engines_call() -> None:
         "generate",
     )
     assert zero.request.temperature == 0.0
+
+
+def test_segments_without_a_prompt_are_the_prompt() -> None:
+    # The runtime sends the segments alone: the prompt is their concatenation, sent once.
+    call = to_call(
+        model_pb2.GenerateRequest(
+            model_type=model_pb2.MODEL_TYPE_TEXT_LARGE,
+            segments=[
+                model_pb2.PromptSegment(content="a", stable=True),
+                model_pb2.PromptSegment(content="b"),
+            ],
+        ),
+        "generate",
+    )
+    assert call.request.prompt == "ab"
+    assert call.request.segments == (Segment("a", True), Segment("b", False))
+    with pytest.raises(InvalidArgument) as failure:
+        to_call(
+            model_pb2.GenerateRequest(
+                model_type=model_pb2.MODEL_TYPE_TEXT_LARGE,
+                segments=[model_pb2.PromptSegment(content="x" * (MAX_PROMPT_CHARS + 1))],
+            ),
+            "generate",
+        )
+    assert failure.value.code == "PROMPT_TOO_LARGE"
 
 
 AGENT = AgentInfo(ids.agent_id("default"), Character(name="default"))

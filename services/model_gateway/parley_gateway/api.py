@@ -57,17 +57,20 @@ def to_call(request: model_pb2.GenerateRequest, kind: str) -> Call:
     if model_type is None:
         raise errors.UNKNOWN_MODEL_TYPE("model_type must be one of " + ", ".join(MODEL_TYPES.values()))
     prompt, segments = request.prompt, request.segments
-    if not prompt and not segments:
+    parts: tuple[Segment, ...] = ()
+    if segments:
+        # The segments are the prompt; a caller need not send it twice.
+        parts = tuple(Segment(s.content, s.stable) for s in segments)
+        joined = "".join(s.content for s in parts)
+        if prompt and prompt != joined:
+            raise errors.PROMPT_SEGMENTS_MISMATCH(
+                "prompt, when given with segments, must equal the concatenation of their content"
+            )
+        prompt = joined
+    if not prompt:
         raise errors.PROMPT_REQUIRED("prompt or segments is required")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise errors.PROMPT_TOO_LARGE(f"prompt is over {MAX_PROMPT_CHARS} characters")
-    parts: tuple[Segment, ...] = ()
-    if segments:
-        parts = tuple(Segment(s.content, s.stable) for s in segments)
-        if prompt != "".join(s.content for s in parts):
-            raise errors.PROMPT_SEGMENTS_MISMATCH(
-                "prompt must equal the concatenation of the segments' content"
-            )
     max_tokens = request.max_tokens
     if max_tokens < 0:
         raise errors.INVALID_MAX_TOKENS("max_tokens must be 0 (provider default) or more")

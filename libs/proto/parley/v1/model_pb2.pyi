@@ -129,8 +129,10 @@ class GenerateRequest(_message.Message):
     agent_id: _builtins.str
     model_type: Global___ModelType.ValueType
     prompt: _builtins.str
-    """When segments are present, prompt must equal the concatenation of their
-    contents; a violation is INVALID_ARGUMENT (PROMPT_SEGMENTS_MISMATCH).
+    """The prompt, or its segments: with segments, prompt may be left empty (the
+    gateway joins them); when both are given, prompt must equal the
+    concatenation of the segments' contents, else INVALID_ARGUMENT
+    (PROMPT_SEGMENTS_MISMATCH).
     """
     system: _builtins.str
     temperature: _builtins.float

@@ -26,7 +26,7 @@ from parley_platform.errors import ParleyError
 
 from ..agents.directory import AgentInfo
 from .inbound import ORIGIN_METADATA, Origin
-from .prompt import Segment, join_segments
+from .prompt import Segment
 from .reply import Reply
 from .streaming import ChunkPublisher
 
@@ -64,7 +64,6 @@ class Model:
         request = model_pb2.GenerateRequest(
             agent_id=str(agent_id),
             model_type=MODEL_TYPES[(structured, small)],
-            prompt=join_segments(segments),
             segments=[model_pb2.PromptSegment(content=s.content, stable=s.stable) for s in segments],
         )
         return (await self.gateway.Generate(request)).text
@@ -78,7 +77,6 @@ class Model:
         request = model_pb2.GenerateRequest(
             agent_id=str(agent_id),
             model_type=MODEL_TYPES[(False, False)],
-            prompt=join_segments(segments),
             segments=[model_pb2.PromptSegment(content=s.content, stable=s.stable) for s in segments],
         )
         return self.gateway.GenerateStream(request)
