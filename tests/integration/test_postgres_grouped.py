@@ -109,6 +109,25 @@ async def test_a_failing_statement_fails_only_its_caller(db: Database, table: st
         assert await cur.fetchall() == [(i, 0 if i == 4 else 1) for i in range(10)]
 
 
+async def test_a_parameter_that_cannot_be_sent_fails_only_its_caller_and_each_claim_is_won_once(
+    db: Database, table: str
+) -> None:
+    # A text with a NUL byte fails in the client, while its statement is being queued: the
+    # statements queued before it must not run then and again on their own, or a claim they won
+    # would be reported lost to its caller.
+    statement = f"UPDATE {table} SET claimed_by = %s WHERE id = %s AND claimed_by IS NULL RETURNING id"
+    first = asyncio.create_task(db.fetchone_grouped(f"SELECT pg_sleep(0.2), 1 AS x FROM {table} LIMIT 1"))
+    await asyncio.sleep(0.05)
+    calls = [db.fetchone_grouped(statement, ("a\x00b" if i == 3 else f"c{i}", 50 + i)) for i in range(8)]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    await first
+    assert isinstance(results[3], ParleyError)
+    assert [r for i, r in enumerate(results) if i != 3] == [{"id": 50 + i} for i in range(8) if i != 3]
+    async with db.connection() as conn:
+        cur = await conn.execute(f"SELECT id, claimed_by FROM {table} WHERE id BETWEEN 50 AND 57 ORDER BY id")
+        assert await cur.fetchall() == [(50 + i, None if i == 3 else f"c{i}") for i in range(8)]
+
+
 async def test_a_caller_that_gives_up_does_not_stop_the_others(db: Database, table: str) -> None:
     statement = f"UPDATE {table} SET n = n + 1 WHERE id = %s RETURNING n"
     first = asyncio.create_task(db.fetchone_grouped(f"SELECT pg_sleep(0.2), 1 AS x FROM {table} LIMIT 1"))

@@ -2,8 +2,8 @@
 the client's writes as the server's side of the socket receives them: a pipeline's statements and
 its Sync arrive in one write (psycopg's own pipeline writes each statement on its own), each cursor
 gets its own rows, a fetch inside the block sends what is queued first, a failing statement rolls
-the pipeline back and leaves the connection usable, and a pipeline larger than libpq's buffer and
-the socket's completes."""
+the pipeline back and leaves the connection usable, a block that raises before sending runs none
+of its statements, and a pipeline larger than libpq's buffer and the socket's completes."""
 
 from __future__ import annotations
 
@@ -182,3 +182,30 @@ async def test_a_pipeline_larger_than_the_buffers_completes(conn: psycopg.AsyncC
             cursors.append(cursor)
     rows = [await cursor.fetchone() for cursor in cursors]
     assert rows == [(i, text) for i in range(400)]
+
+
+async def test_a_block_that_raises_before_sending_runs_none_of_its_statements(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    table = f"pipe_{secrets.token_hex(4)}"
+    await conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, note text)")
+    insert = f"INSERT INTO {table} VALUES (%s, %s)"
+
+    async def second_cannot_be_sent() -> None:
+        async with pipeline(conn):
+            await conn.execute(insert, (1, "one"), prepare=True)  # queued, with its Parse
+            await conn.execute(insert, (2, "a\x00b"), prepare=True)  # fails in the client
+
+    try:
+        with pytest.raises(psycopg.DataError):
+            await second_cannot_be_sent()
+        cur = await conn.execute(f"SELECT count(*) FROM {table}")
+        assert await cur.fetchone() == (0,)
+        # The statement whose Parse was forgotten is prepared again when next used.
+        async with pipeline(conn):
+            await conn.execute(insert, (3, "three"), prepare=True)
+        await conn.execute(insert, (4, "four"), prepare=True)
+        cur = await conn.execute(f"SELECT array_agg(id ORDER BY id) FROM {table}")
+        assert await cur.fetchone() == ([3, 4],)
+    finally:
+        await conn.execute(f"DROP TABLE {table}")

@@ -14,6 +14,7 @@ import struct
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,25 +49,31 @@ GROUP_MAX = 64
 class _OneWritePipeline(psycopg.AsyncPipeline):
     """psycopg's pipeline writes each statement to the socket as it is queued, then its Sync, then
     a flush request: a send, and a wake-up of the server's backend, each. This one keeps the
-    statements in libpq's buffer, where the Sync writes them all at once (libpq flushes at a Sync,
-    and by itself only past 8 KB), or a fetch inside the block does; no flush request follows a
-    Sync, after which the server sends every result anyway. While a write waits for room in the
-    socket, what the server answers is read, as in psycopg's.
+    statements until their results are first asked for (the block's end, or a fetch inside it),
+    then puts them in libpq's buffer, where the Sync writes them all at once (libpq flushes at a
+    Sync, and by itself only past 8 KB); no flush request follows a Sync, after which the server
+    sends every result anyway. While a write waits for room in the socket, what the server answers
+    is read, as in psycopg's.
+
+    A block that raises before anything was sent sends none of its statements (``discard``): with
+    psycopg's pipeline those queued before the error were sent, and committed by the Sync on the
+    way out.
 
     It overrides two private methods of psycopg's pipeline (pinned at 3.3.9 in pyproject.toml);
     ``tests/integration/test_postgres_pipeline.py`` counts the writes."""
 
     _synced = False  # the last statement queued was a Sync
+    _sent = False  # some statement has gone to libpq
 
     def _queue(self) -> None:
         while self.command_queue:
             command = self.command_queue.popleft()
             command()
+            self._sent = True
             self._synced = command == self.pgconn.pipeline_sync
 
     def _communicate_gen(self) -> Any:
-        self._queue()
-        return
+        return  # the statements wait in the command queue
         yield  # a generator, as psycopg's is
 
     def _fetch_gen(self, *, flush: bool) -> Any:
@@ -76,14 +83,37 @@ class _OneWritePipeline(psycopg.AsyncPipeline):
         yield from send(self.pgconn)
         yield from super()._fetch_gen(flush=False)
 
+    def discard(self) -> None:
+        """Forget the statements not sent yet, when none has been: the Sync that ends the block
+        then commits nothing. psycopg records a statement as prepared when it queues its Parse,
+        so the names of the Parses forgotten here leave its cache of prepared statements too."""
+        if self._sent:
+            return
+        unprepared = {
+            command.args[0]
+            for command in self.command_queue
+            if isinstance(command, partial) and command.func == self.pgconn.send_prepare
+        }
+        names = self._conn._prepared._names
+        for key in [key for key, name in names.items() if name in unprepared]:
+            del names[key]
+        self.command_queue.clear()
+        self.result_queue.clear()
+
 
 @asynccontextmanager
 async def pipeline(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[psycopg.AsyncPipeline]:
-    """``conn.pipeline()`` whose statements go to the server in one write (``_OneWritePipeline``)."""
+    """``conn.pipeline()`` whose statements go to the server in one write, and not at all when the
+    block raises before they were sent (``_OneWritePipeline``)."""
     async with conn.pipeline() as piped:
         if type(piped) is psycopg.AsyncPipeline and piped.level == 1:
             piped.__class__ = _OneWritePipeline
-        yield piped
+        try:
+            yield piped
+        except BaseException:
+            if isinstance(piped, _OneWritePipeline):
+                piped.discard()
+            raise
 
 
 # Every byte to a space but digits (to "9") and minus signs: 20 nines in a row may be an integer
