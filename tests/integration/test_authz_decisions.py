@@ -128,6 +128,7 @@ async def test_concurrent_puts_of_one_call_create_it_once(api: AuthzApi, agent: 
         ("args_digest", "not-a-digest", "args_digest must be a SHA-256 digest"),
         ("tool", "send email!", "tool must start with a letter"),
         ("summary", "s" * 2001, "summary must be at most 2000"),
+        ("summary", "a\x00b", "summary must not contain NUL characters"),
     ],
 )
 async def test_put_pending_names_the_bad_field(
@@ -160,6 +161,16 @@ async def test_agent_must_be_a_uuid_and_other_agents_see_nothing(api: AuthzApi, 
         await decide(api, other, "mine", "approve")
     pending = await api.ListPendingToolCalls(authz_pb2.ListPendingToolCallsRequest(agent_id=other))
     assert list(pending.tool_calls) == []
+
+
+async def test_a_reason_with_a_nul_character_is_refused_and_the_call_stays_pending(
+    api: AuthzApi, agent: str
+) -> None:
+    await put(api, agent, "call-nul")
+    with pytest.raises(InvalidArgument, match="reason must not contain NUL characters"):
+        await decide(api, agent, "call-nul", "approve", reason="ok\x00then")
+    call = await api.GetToolCall(authz_pb2.GetToolCallRequest(agent_id=agent, tool_call_id="call-nul"))
+    assert call.status == authz_pb2.TOOL_CALL_STATUS_PENDING
 
 
 async def test_approve_claims_once_then_replays_and_settles_with_its_token(api: AuthzApi, agent: str) -> None:

@@ -80,6 +80,8 @@ def code(value: str, field: str) -> str:
 def text(value: str, field: str, *, limit: int = MAX_TEXT) -> str:
     if len(value) > limit:
         raise codes.INVALID_ARGUMENT(f"{field} must be at most {limit} characters")
+    if "\x00" in value:  # PostgreSQL's text cannot hold it
+        raise codes.INVALID_ARGUMENT(f"{field} must not contain NUL characters")
     return value
 
 
