@@ -1,9 +1,11 @@
-"""``parley_platform.postgres.pipeline`` against a real PostgreSQL, through a TCP relay that counts
-the client's writes as the server's side of the socket receives them: a pipeline's statements and
-its Sync arrive in one write (psycopg's own pipeline writes each statement on its own), each cursor
-gets its own rows, a fetch inside the block sends what is queued first, a failing statement rolls
-the pipeline back and leaves the connection usable, a block that raises before sending runs none
-of its statements, and a pipeline larger than libpq's buffer and the socket's completes."""
+"""``parley_platform.postgres.pipeline`` against a real PostgreSQL.
+
+Through a TCP relay that counts the client's writes as the server's side of the socket receives
+them: a pipeline's statements and its Sync arrive in one write (psycopg's own pipeline writes each
+statement on its own). Connected directly: each cursor gets its own rows, a fetch inside the block
+sends what is queued first, a failing statement rolls the pipeline back and leaves the connection
+usable, a block that raises before sending runs none of its statements, and a pipeline larger than
+libpq's buffer and the socket's completes."""
 
 from __future__ import annotations
 
@@ -96,8 +98,15 @@ def relay(test_env: SessionEnv) -> Iterator[tuple[Relay, str]]:
 
 
 @pytest.fixture
-async def conn(relay: tuple[Relay, str]) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+async def relayed(relay: tuple[Relay, str]) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
     connection = await psycopg.AsyncConnection.connect(relay[1], autocommit=True)
+    yield connection
+    await connection.close()
+
+
+@pytest.fixture
+async def conn(test_env: SessionEnv) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    connection = await psycopg.AsyncConnection.connect(test_env.database_url, autocommit=True)
     yield connection
     await connection.close()
 
@@ -120,9 +129,9 @@ async def reads_of(
 
 
 async def test_a_pipelines_statements_and_its_sync_reach_the_server_in_one_write(
-    relay: tuple[Relay, str], conn: psycopg.AsyncConnection[Any]
+    relay: tuple[Relay, str], relayed: psycopg.AsyncConnection[Any]
 ) -> None:
-    counter = relay[0]
+    counter, conn = relay[0], relayed
     # Prepare the statement first, so both runs send the same messages (Bind and Execute).
     for _ in range(2):
         await reads_of(counter, conn, pipeline(conn), 20)
