@@ -1,4 +1,5 @@
-"""The message embeddings of a replica's turns, computed and stored in batches.
+"""Embedding calls shared between turns: the message embeddings computed and stored in batches,
+and the calls of an agent made while another is under way sent together (``EmbedCalls``).
 
 A turn's message and reply are embedded after its reply, in the background (the message's
 embedding is the one the turn computed already when it searched memories or documents with it).
@@ -20,6 +21,7 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..store import RuntimeStore
 
@@ -28,6 +30,111 @@ Memories = Sequence[tuple[uuid.UUID, str]]  # (memory id, its text)
 Known = Mapping[uuid.UUID, Sequence[float]]  # embeddings computed already, by memory id
 
 MAX_TEXTS = 64  # per embedding call (the gateway takes up to 256)
+MAX_SHARED_TEXTS = 256  # the gateway's limit: a call ``EmbedCalls`` puts together stays within it
+
+
+@dataclass
+class _Ask:
+    texts: list[str]
+    answer: asyncio.Future[list[list[float]]]
+
+
+class EmbedCalls:
+    """An agent's embedding calls made while one of its calls is under way go out together, as one
+    call, as soon as that one returns. A call made while none is under way goes out at once, so a
+    turn alone waits for nothing; under load one call carries the texts of many turns (each turn
+    that searches memories embeds its message before it can search). A shared call that fails is
+    made again for each caller on its own, so a text the gateway refuses fails only its own caller.
+    A caller that gives up (cancelled) leaves the others' call alone."""
+
+    def __init__(self, embed: Embed, *, max_texts: int = MAX_SHARED_TEXTS) -> None:
+        self.embed = embed
+        self.max_texts = max_texts
+        # Agents with a call under way, and the calls that arrived since (sent when it returns).
+        self._waiting: dict[uuid.UUID, list[_Ask]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def __call__(self, texts: Sequence[str], agent_id: uuid.UUID) -> list[list[float]]:
+        waiting = self._waiting.get(agent_id)
+        if waiting is not None:
+            ask = _Ask(list(texts), asyncio.get_running_loop().create_future())
+            ask.answer.add_done_callback(_retrieved)
+            waiting.append(ask)
+            # Not shielded: a caller that gives up cancels its answer, and is left out of the call.
+            return await ask.answer
+        self._waiting[agent_id] = []
+        try:
+            return await self.embed(texts, agent_id)
+        finally:
+            self._next(agent_id)
+
+    def _next(self, agent_id: uuid.UUID) -> None:
+        """The call under way returned: send what arrived meanwhile, else the agent is idle."""
+        asks = self._waiting.pop(agent_id, [])
+        asks = [ask for ask in asks if not ask.answer.done()]
+        if not asks:
+            return
+        self._waiting[agent_id] = []
+        task = asyncio.ensure_future(self._send(agent_id, asks))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, agent_id: uuid.UUID, asks: list[_Ask]) -> None:
+        try:
+            for group in _groups(asks, self.max_texts):
+                await self._answer(agent_id, group)
+        finally:
+            for ask in asks:  # cancelled (the runtime stopping): nobody is left to answer these
+                if not ask.answer.done():
+                    ask.answer.cancel()
+            self._next(agent_id)
+
+    async def _answer(self, agent_id: uuid.UUID, asks: list[_Ask]) -> None:
+        texts = [text for ask in asks for text in ask.texts]
+        try:
+            vectors = await self.embed(texts, agent_id)
+            if len(vectors) != len(texts):
+                raise RuntimeError(f"the embedding call answered {len(vectors)} of {len(texts)} texts")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if len(asks) == 1:
+                _answered(asks[0], error=exc)
+                return
+            for ask in asks:  # only the callers whose texts fail on their own hear it
+                try:
+                    _answered(ask, await self.embed(ask.texts, agent_id))
+                except asyncio.CancelledError:
+                    raise
+                except Exception as alone:
+                    _answered(ask, error=alone)
+            return
+        start = 0
+        for ask in asks:
+            _answered(ask, vectors[start : start + len(ask.texts)])
+            start += len(ask.texts)
+
+
+def _groups(asks: list[_Ask], max_texts: int) -> list[list[_Ask]]:
+    """Asks in calls of at most ``max_texts`` texts (an ask with more is a call of its own)."""
+    groups: list[list[_Ask]] = []
+    size = 0
+    for ask in asks:
+        if not groups or size + len(ask.texts) > max_texts:
+            groups.append([])
+            size = 0
+        groups[-1].append(ask)
+        size += len(ask.texts)
+    return groups
+
+
+def _answered(ask: _Ask, vectors: list[list[float]] | None = None, *, error: Exception | None = None) -> None:
+    if ask.answer.done():
+        return
+    if error is not None:
+        ask.answer.set_exception(error)
+    else:
+        ask.answer.set_result(vectors or [])
 
 
 @dataclass
@@ -153,7 +260,7 @@ def _settle(caller: _Caller, error: Exception | None) -> None:
         caller.done.set_exception(error)
 
 
-def _retrieved(future: asyncio.Future[None]) -> None:
+def _retrieved(future: asyncio.Future[Any]) -> None:
     """A caller that gave up (cancelled) no longer awaits its outcome: nothing to report then."""
     if not future.cancelled():
         future.exception()

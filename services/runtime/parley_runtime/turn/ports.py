@@ -25,6 +25,7 @@ from parley_platform.convert import set_now
 from parley_platform.errors import ParleyError
 
 from ..agents.directory import AgentInfo
+from .embeddings import EmbedCalls
 from .inbound import ORIGIN_METADATA, Origin
 from .prompt import Segment
 from .reply import Reply
@@ -52,6 +53,7 @@ class Model:
         self.gateway = gateway
         self.batchers = batchers
         self.batch_window = batch_window  # seconds a turn's evaluators wait to share a drain
+        self._embed_calls = EmbedCalls(self._embed)
 
     async def generate(
         self,
@@ -82,6 +84,11 @@ class Model:
         return self.gateway.GenerateStream(request)
 
     async def embed(self, texts: Sequence[str], agent_id: uuid.UUID) -> list[list[float]]:
+        """The texts' embeddings; an agent's calls made while another is under way share the next
+        ``Embed`` (``EmbedCalls``)."""
+        return await self._embed_calls(texts, agent_id)
+
+    async def _embed(self, texts: Sequence[str], agent_id: uuid.UUID) -> list[list[float]]:
         reply = await self.gateway.Embed(model_pb2.EmbedRequest(agent_id=str(agent_id), texts=texts))
         return [list(e.values) for e in reply.embeddings]
 
