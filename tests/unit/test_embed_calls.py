@@ -46,6 +46,19 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+async def one_under_way(
+    **options: int,
+) -> tuple[Embedder, EmbedCalls, uuid.UUID, asyncio.Future[list[list[float]]]]:
+    """An embedder held, and an agent's first call under way on it."""
+    embedder = Embedder()
+    embedder.release.clear()
+    calls = EmbedCalls(embedder, **options)
+    agent = uuid.uuid4()
+    first = asyncio.ensure_future(calls(["first"], agent))
+    await settle()
+    return embedder, calls, agent, first
+
+
 async def test_a_call_alone_goes_out_at_once_with_its_texts() -> None:
     embedder = Embedder()
     calls = EmbedCalls(embedder)
@@ -57,12 +70,7 @@ async def test_a_call_alone_goes_out_at_once_with_its_texts() -> None:
 
 
 async def test_calls_made_while_one_is_under_way_share_the_next_and_each_gets_its_own() -> None:
-    embedder = Embedder()
-    embedder.release.clear()
-    calls = EmbedCalls(embedder)
-    agent = uuid.uuid4()
-    first = asyncio.ensure_future(calls(["first"], agent))
-    await settle()
+    embedder, calls, agent, first = await one_under_way()
     rest = [asyncio.ensure_future(calls([f"text {i}", f"more {i}"], agent)) for i in range(63)]
     await settle()
     assert len(embedder.calls) == 1  # the others wait for the call under way
@@ -76,12 +84,7 @@ async def test_calls_made_while_one_is_under_way_share_the_next_and_each_gets_it
 
 
 async def test_a_refused_text_fails_only_its_caller() -> None:
-    embedder = Embedder()
-    embedder.release.clear()
-    calls = EmbedCalls(embedder)
-    agent = uuid.uuid4()
-    first = asyncio.ensure_future(calls(["first"], agent))
-    await settle()
+    embedder, calls, agent, first = await one_under_way()
     good = [asyncio.ensure_future(calls([f"text {i}"], agent)) for i in range(5)]
     bad = asyncio.ensure_future(calls(["too long"], agent))
     await settle()
@@ -96,12 +99,7 @@ async def test_a_refused_text_fails_only_its_caller() -> None:
 
 
 async def test_a_caller_that_gives_up_leaves_the_others_call_alone() -> None:
-    embedder = Embedder()
-    embedder.release.clear()
-    calls = EmbedCalls(embedder)
-    agent = uuid.uuid4()
-    first = asyncio.ensure_future(calls(["first"], agent))
-    await settle()
+    embedder, calls, agent, first = await one_under_way()
     stays = asyncio.ensure_future(calls(["stays"], agent))
     leaves = asyncio.ensure_future(calls(["leaves"], agent))
     await settle()
@@ -134,12 +132,7 @@ async def test_agents_never_share_a_call() -> None:
 
 
 async def test_a_shared_call_stays_within_the_gateways_limit() -> None:
-    embedder = Embedder()
-    embedder.release.clear()
-    calls = EmbedCalls(embedder, max_texts=256)
-    agent = uuid.uuid4()
-    first = asyncio.ensure_future(calls(["first"], agent))
-    await settle()
+    embedder, calls, agent, first = await one_under_way(max_texts=256)
     rest = [asyncio.ensure_future(calls([f"t {i} {k}" for k in range(10)], agent)) for i in range(60)]
     await settle()
     embedder.release.set()
