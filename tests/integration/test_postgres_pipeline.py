@@ -115,7 +115,7 @@ async def reads_of(
     relay: Relay, conn: psycopg.AsyncConnection[Any], block: AbstractAsyncContextManager[Any], n: int
 ) -> tuple[int, list[int]]:
     """The client's writes the relay read for a block of n statements, and the statements' rows."""
-    await asyncio.sleep(0.05)  # what came before has been relayed
+    await asyncio.sleep(0.1)  # what came before has been relayed
     before = relay.reads
     cursors = []
     async with block:
@@ -124,7 +124,7 @@ async def reads_of(
             await cursor.execute("SELECT %s::int * 2", (i,), prepare=True)
             cursors.append(cursor)
     rows = [(await cursor.fetchone() or (None,))[0] for cursor in cursors]
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.1)
     return relay.reads - before, rows
 
 
@@ -135,12 +135,20 @@ async def test_a_pipelines_statements_and_its_sync_reach_the_server_in_one_write
     # Prepare the statement first, so both runs send the same messages (Bind and Execute).
     for _ in range(2):
         await reads_of(counter, conn, pipeline(conn), 20)
-    plain, plain_rows = await reads_of(counter, conn, conn.pipeline(), 20)
-    ours, rows = await reads_of(counter, conn, pipeline(conn), 20)
-    assert rows == plain_rows == [2 * i for i in range(20)]
-    # The control: the relay tells psycopg's writes apart (one per statement, the Sync, a flush).
-    assert plain >= 3, plain
-    assert ours == 1, ours
+    # A relay slowed down by a busy machine reads several writes at once, or counts a late read of
+    # what came before: such a try says nothing either way, and the pair is measured again. The
+    # pipeline passes once the relay tells psycopg's writes apart (one per statement, the Sync, a
+    # flush: the control) and, in the same try, ours arrive in one.
+    tries = []
+    for _ in range(5):
+        plain, plain_rows = await reads_of(counter, conn, conn.pipeline(), 20)
+        ours, rows = await reads_of(counter, conn, pipeline(conn), 20)
+        assert rows == plain_rows == [2 * i for i in range(20)]
+        tries.append((plain, ours))
+        if plain >= 3 and ours == 1:
+            break
+    assert tries[-1][0] >= 3, f"the relay never told psycopg's writes apart: (plain, ours) = {tries}"
+    assert tries[-1][1] == 1, f"(plain, ours) = {tries}"
 
 
 async def test_a_fetch_inside_the_block_sends_what_is_queued_first(
