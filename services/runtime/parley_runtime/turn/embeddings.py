@@ -21,13 +21,15 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..store import RuntimeStore
 
 Embed = Callable[[Sequence[str], uuid.UUID], Awaitable[list[list[float]]]]
 Memories = Sequence[tuple[uuid.UUID, str]]  # (memory id, its text)
 Known = Mapping[uuid.UUID, Sequence[float]]  # embeddings computed already, by memory id
+
+T = TypeVar("T")
 
 MAX_TEXTS = 64  # per embedding call (the gateway takes up to 256)
 MAX_SHARED_TEXTS = 256  # the gateway's limit: a call ``EmbedCalls`` puts together stays within it
@@ -81,7 +83,7 @@ class EmbedCalls:
 
     async def _send(self, agent_id: uuid.UUID, asks: list[_Ask]) -> None:
         try:
-            for group in _groups(asks, self.max_texts):
+            for group in _groups(asks, lambda ask: len(ask.texts), self.max_texts):
                 await self._answer(agent_id, group)
         finally:
             for ask in asks:  # cancelled (the runtime stopping): nobody is left to answer these
@@ -115,16 +117,16 @@ class EmbedCalls:
             start += len(ask.texts)
 
 
-def _groups(asks: list[_Ask], max_texts: int) -> list[list[_Ask]]:
-    """Asks in calls of at most ``max_texts`` texts (an ask with more is a call of its own)."""
-    groups: list[list[_Ask]] = []
-    size = 0
-    for ask in asks:
-        if not groups or size + len(ask.texts) > max_texts:
+def _groups(items: Sequence[T], size: Callable[[T], int], limit: int) -> list[list[T]]:
+    """Items in order, in groups of at most ``limit`` texts (an item with more is a group of its own)."""
+    groups: list[list[T]] = []
+    total = 0
+    for item in items:
+        if not groups or total + size(item) > limit:
             groups.append([])
-            size = 0
-        groups[-1].append(ask)
-        size += len(ask.texts)
+            total = 0
+        groups[-1].append(item)
+        total += size(item)
     return groups
 
 
@@ -188,7 +190,7 @@ class MessageEmbeddings:
                 if batch is None:
                     continue
                 for agent_id, callers in batch.callers.items():
-                    for chunk in _chunks(callers):
+                    for chunk in _groups(callers, lambda caller: caller.size, MAX_TEXTS):
                         await self._store(agent_id, chunk)
         finally:
             self._task = None
@@ -236,19 +238,6 @@ class MessageEmbeddings:
                 *known.items(),
             ],
         )
-
-
-def _chunks(callers: list[_Caller]) -> list[list[_Caller]]:
-    """Callers in groups of at most MAX_TEXTS texts (a caller with more is a group of its own)."""
-    chunks: list[list[_Caller]] = []
-    size = 0
-    for caller in callers:
-        if not chunks or size + caller.size > MAX_TEXTS:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(caller)
-        size += caller.size
-    return chunks
 
 
 def _settle(caller: _Caller, error: Exception | None) -> None:
